@@ -1,0 +1,26 @@
+# The two set-up commands of the README:
+#   make demo   - build the venv if needed, run the agent on a simulated training job
+#   make test   - build the venv if needed, run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/precision-agent demo
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/.installed
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,127 @@
+"""Alert lifecycle: pending → firing → resolved, one alert per rule and label set.
+
+Semantics follow Prometheus: a condition must hold for the rule's ``for`` before the alert
+fires; ``keep_firing_for`` delays resolution. Event-like kinds (a NaN appeared) resolve once
+``resolve_after`` passes without another hit; state-like kinds (scale at floor) resolve when
+their detector says the condition stopped. Every change is recorded as a transition so that
+exporters (log, Alertmanager) see each one exactly once, and dirty alerts are persisted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import Alert, AlertState, Finding, Labels, fingerprint
+from .rulefile import Rule
+
+RESOLVED_RETENTION_S = 900.0  # keep resolved alerts visible (API, Alertmanager resend) this long
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    alert: Alert
+    old: AlertState | None
+    new: AlertState
+
+
+class AlertBook:
+    def __init__(self) -> None:
+        self.alerts: dict[str, Alert] = {}
+        self.dirty: set[str] = set()
+        self.deleted: set[str] = set()
+        self._transitions: list[Transition] = []
+        self._cleared: dict[str, float] = {}  # fingerprint -> time the condition stopped
+
+    # -- inputs ------------------------------------------------------------------------------
+    def hit(self, rule: Rule, finding: Finding) -> Alert:
+        fp = fingerprint(rule.name, finding.labels)
+        now = finding.time
+        a = self.alerts.get(fp)
+        if a is None or a.state == AlertState.RESOLVED:
+            a = Alert(fp, rule.name, finding.labels, AlertState.PENDING, now, now,
+                      annotations=dict(finding.annotations), finding=finding.to_json(), count=0)
+            self.alerts[fp] = a
+            self._transitions.append(Transition(a, None, AlertState.PENDING))
+        a.last_seen = now
+        a.count += 1
+        # The evidence and annotations stay those of the onset (the first bad step is what a
+        # responder needs); the latest occurrence is kept beside them.
+        a.finding["latest"] = {"step": finding.step, "value": finding.value, "time": now,
+                               "line": finding.source.line if finding.source else None}
+        self._cleared.pop(fp, None)
+        self.dirty.add(fp)
+        self._promote(a, rule, now)
+        return a
+
+    def clear(self, rule: Rule, labels: Labels, now: float) -> None:
+        fp = fingerprint(rule.name, labels)
+        a = self.alerts.get(fp)
+        if a is None or a.state == AlertState.RESOLVED:
+            return
+        if a.state == AlertState.PENDING:
+            self._drop(fp)
+            return
+        self._cleared.setdefault(fp, now)
+        self._maybe_resolve(a, rule, now)
+
+    def tick(self, rules_by_name: dict[str, Rule], now: float) -> None:
+        """Time-driven changes: for: elapsed, resolve_after elapsed, retention of resolved."""
+        for fp, a in list(self.alerts.items()):
+            rule = rules_by_name.get(a.rule)
+            if a.state == AlertState.RESOLVED:
+                if a.resolved_at is not None and now - a.resolved_at > RESOLVED_RETENTION_S:
+                    self._drop(fp)
+                continue
+            if rule is None:  # its rule was removed: resolve rather than fire forever
+                self._resolve(a, now)
+                continue
+            if not rule.detector.stateful and now - a.last_seen >= rule.resolve_after:
+                if a.state == AlertState.PENDING:
+                    self._drop(fp)
+                    continue
+                self._cleared.setdefault(fp, a.last_seen + rule.resolve_after)
+            if a.state == AlertState.PENDING:
+                self._promote(a, rule, now)
+            elif fp in self._cleared:
+                self._maybe_resolve(a, rule, now)
+
+    # -- outputs -----------------------------------------------------------------------------
+    def drain_transitions(self) -> list[Transition]:
+        out, self._transitions = self._transitions, []
+        return out
+
+    def active(self) -> list[Alert]:
+        return [a for a in self.alerts.values() if a.state != AlertState.RESOLVED]
+
+    def load(self, alerts: list[Alert]) -> None:
+        for a in alerts:
+            self.alerts[a.fingerprint] = a
+
+    # -- internals ---------------------------------------------------------------------------
+    def _promote(self, a: Alert, rule: Rule, now: float) -> None:
+        if a.state == AlertState.PENDING and now - a.active_at >= rule.spec.for_:
+            a.state = AlertState.FIRING
+            a.fired_at = now
+            self.dirty.add(a.fingerprint)
+            self._transitions.append(Transition(a, AlertState.PENDING, AlertState.FIRING))
+
+    def _maybe_resolve(self, a: Alert, rule: Rule, now: float) -> None:
+        since = self._cleared.get(a.fingerprint, now)
+        if now - since >= rule.spec.keep_firing_for:
+            self._resolve(a, now)
+
+    def _resolve(self, a: Alert, now: float) -> None:
+        old = a.state
+        a.state = AlertState.RESOLVED
+        a.resolved_at = now
+        self._cleared.pop(a.fingerprint, None)
+        self.dirty.add(a.fingerprint)
+        self._transitions.append(Transition(a, old, AlertState.RESOLVED))
+
+    def _drop(self, fp: str) -> None:
+        a = self.alerts.pop(fp, None)
+        self._cleared.pop(fp, None)
+        self.dirty.discard(fp)
+        self.deleted.add(fp)
+        if a is not None and a.state == AlertState.PENDING:
+            self._transitions.append(Transition(a, AlertState.PENDING, AlertState.RESOLVED))

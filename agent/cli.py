@@ -1,0 +1,176 @@
+"""The ``precision-agent`` command: run, replay, rules check, demo.
+
+Exit status: 0 success, 1 a check found problems, 2 bad usage or bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import DEFAULT_LISTEN, ConfigError, load_config
+from .model import json_safe
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_CONFIG = 0, 1, 2
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    logging.getLogger("watchdog").setLevel(logging.WARNING)
+
+
+def _watch_arg(text: str) -> dict[str, Any]:
+    """--watch PATH or --watch KIND:PATH (KIND is log or dump)."""
+    kind, sep, path = text.partition(":")
+    if sep and kind in ("log", "dump"):
+        return {"path": path, "kind": kind}
+    return {"path": text, "kind": "log"}
+
+
+def _rules_dirs(args: argparse.Namespace) -> list[Path]:
+    from .rulefile import default_rules_dir
+    dirs = [Path(d) for d in (args.rules or [])]
+    return dirs if dirs else [default_rules_dir()]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .daemon import Agent, default_state_dir
+    from .state import StateError
+    overrides: dict[str, Any] = {"listen": args.listen, "log_level": args.log_level,
+                                 "watches": [_watch_arg(w) for w in args.watch] or None,
+                                 "rule_dirs": args.rules or None}
+    state = args.state
+    if state is None and args.config is None:
+        default = Path("/var/lib/precision-agent")
+        state = str(default if os.access(default if default.exists() else default.parent, os.W_OK)
+                    else default_state_dir(Path.cwd()))
+    overrides["state_dir"] = state
+    try:
+        config = load_config(Path(args.config) if args.config else None, overrides)
+    except ConfigError as exc:
+        print(f"precision-agent: bad configuration: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if not config.watches:
+        print("precision-agent: nothing to watch: give --watch PATH or 'watches:' in the config file",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    _setup_logging(config.log_level)
+    try:
+        agent = Agent(config)
+    except (StateError, ConfigError) as exc:
+        print(f"precision-agent: cannot start: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as exc:  # e.g. the listen port is taken
+        print(f"precision-agent: cannot listen on {config.listen}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    return agent.run_forever()
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .readers.parsers import UnknownFormat
+    from .replay import format_report, replay
+    from .rulefile import load_rules
+    path = Path(args.file)
+    if not path.is_file():
+        print(f"precision-agent: {path}: no such file", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        rules = load_rules(_rules_dirs(args))
+        if rules.errors:
+            for e in rules.errors.values():
+                print(f"precision-agent: {e}", file=sys.stderr)
+            return EXIT_CONFIG
+        result = replay(path, rules, args.format)
+    except (ConfigError, UnknownFormat) as exc:
+        print(f"precision-agent: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.json:
+        json.dump(json_safe(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_report(result))
+    return EXIT_OK
+
+
+def cmd_rules_check(args: argparse.Namespace) -> int:
+    from .rulefile import load_rule_file, rule_files
+    try:
+        files = rule_files([Path(d) for d in args.paths] if args.paths else _rules_dirs(args))
+    except ConfigError as exc:
+        print(f"FAILED {exc}", file=sys.stderr)
+        return EXIT_PROBLEMS
+    if not files:
+        print("no rule files found", file=sys.stderr)
+        return EXIT_PROBLEMS
+    bad = 0
+    for f in files:
+        try:
+            rules = load_rule_file(f)
+        except ConfigError as exc:
+            bad += 1
+            print(f"FAILED {exc}")
+            continue
+        print(f"SUCCESS {f}: {len(rules)} rule(s)")
+    return EXIT_PROBLEMS if bad else EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    return run_demo(duration=args.duration, listen=args.listen)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="precision-agent",
+                                description="Watch training logs and dumps for numerical-precision failures.")
+    p.add_argument("--version", action="version", version=f"precision-agent {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run the agent (the resident daemon)")
+    r.add_argument("--config", "-c", help="YAML config file")
+    r.add_argument("--watch", action="append", default=[], metavar="[log:|dump:]PATH",
+                   help="a log file or directory to watch (repeatable; adds to the config's watches)")
+    r.add_argument("--listen", help=f"HOST:PORT for /metrics and the API (default {DEFAULT_LISTEN})")
+    r.add_argument("--state", help="state directory (offsets, alerts)")
+    r.add_argument("--rules", action="append", metavar="DIR", help="extra rule directory (repeatable)")
+    r.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    r.set_defaults(func=cmd_run)
+
+    rp = sub.add_parser("replay", help="run a finished log through the parsers and rules")
+    rp.add_argument("file")
+    rp.add_argument("--json", action="store_true", help="print one JSON object")
+    rp.add_argument("--format", default="auto", help="log format (default: detect)")
+    rp.add_argument("--rules", action="append", metavar="DIR", help="rule directory (default: shipped rules)")
+    rp.set_defaults(func=cmd_replay)
+
+    ru = sub.add_parser("rules", help="rule-file tools")
+    rsub = ru.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
+    rc = rsub.add_parser("check", help="validate rule files")
+    rc.add_argument("paths", nargs="*", help="rule files or directories (default: the shipped rules)")
+    rc.set_defaults(func=cmd_rules_check, rules=None)
+
+    d = sub.add_parser("demo", help="start the agent on a simulated training job and show alerts firing")
+    d.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
+    d.add_argument("--listen", default=None, help=f"HOST:PORT (default {DEFAULT_LISTEN}, or a free port)")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_CONFIG
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

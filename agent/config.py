@@ -1,0 +1,192 @@
+"""Agent configuration: one YAML file, validated by pydantic, overridable from the command line.
+
+A bad config must stop the agent at start with the file, the field and the reason, because a
+monitoring agent that silently runs with half a config is worse than one that refuses to start.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+DEFAULT_PORT = 19400  # outside Prometheus' 9100-9999 default-allocation range; see README
+DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
+LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+RESERVED_LABELS = {"alertname", "alertstate", "severity", "metric", "__name__"}
+
+_DURATION_RE = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+\s*$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a Prometheus-style duration ("30s", "1m30s", "500ms") or a number."""
+    if isinstance(value, bool):
+        raise ValueError("duration must be a number of seconds or a string such as '30s'")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("duration must not be negative")
+        return float(value)
+    if isinstance(value, str) and _DURATION_RE.match(value):
+        return sum(float(n) * _UNIT[u] for n, u in _DURATION_PART.findall(value))
+    raise ValueError(f"invalid duration {value!r}: use e.g. 500ms, 30s, 5m, 1h")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+_SIZE_RE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
+_SIZE_UNIT = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30,
+              "KB": 1000, "MB": 1000**2, "GB": 1000**3}
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int or a string such as '64MiB'."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            return int(m.group(1)) * _SIZE_UNIT[m.group(2)]
+    raise ValueError(f"invalid size {value!r}: use bytes or e.g. 512KiB, 64MiB")
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    for key in labels:
+        if not LABEL_NAME_RE.match(key) or key.startswith("__"):
+            raise ValueError(f"label name {key!r} is not a valid Prometheus label name")
+        if key in RESERVED_LABELS:
+            raise ValueError(f"label name {key!r} is reserved by the agent")
+    return {k: str(v) for k, v in labels.items()}
+
+
+def _label_value(v: Any) -> Any:
+    """Label values are strings; accept YAML numbers and booleans (``rank: 0``) as written."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v) if isinstance(v, (int, float)) else v
+
+
+LabelValue = Annotated[str, BeforeValidator(_label_value)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Watch(_Strict):
+    """One watched path. A log watch tails files; a dump watch scans tensor dumps."""
+
+    path: Path
+    kind: Literal["log", "dump"] = "log"
+    recursive: bool = True
+    include: list[str] = Field(default_factory=lambda: ["*.log", "*.txt", "*.out", "*.err", "*.jsonl"])
+    exclude: list[str] = Field(default_factory=lambda: ["*.gz", "*.bz2", "*.xz", "*.zst", "*.zip"])
+    format: str = "auto"
+    labels: dict[str, LabelValue] = Field(default_factory=dict)
+    start_at_end: bool = False  # for a log that existed before the agent ever saw it
+
+    _check_labels = field_validator("labels")(check_labels)
+
+
+class Limits(_Strict):
+    """Resource limits: the training job's cycles come first."""
+
+    max_line_bytes: Size = 1 << 20
+    read_chunk_bytes: Size = 1 << 20
+    read_budget_bytes: Size = 16 << 20      # bytes one file may read per pass before yielding
+    queue_size: int = Field(10_000, ge=10)  # pending changed paths before falling back to a resync
+    max_files: int = Field(10_000, ge=1)    # files tracked across all watches
+    max_series: int = Field(512, ge=1)      # (run, rank, ...) label sets exported on /metrics
+    max_open_files: int = Field(256, ge=4)
+    nice: int = Field(10, ge=0, le=19)
+    io_idle: bool = True
+
+
+class Config(_Strict):
+    listen: str = DEFAULT_LISTEN
+    state_dir: Path = Path("/var/lib/precision-agent")
+    rule_dirs: list[Path] = Field(default_factory=list)
+    default_rules: bool = True             # also load the rule files shipped with the package
+    resync_interval: Duration = 30.0
+    evaluation_interval: Duration = 1.0
+    debounce: Duration = 0.05
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    watches: list[Watch] = Field(default_factory=list)
+    limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, v: str) -> str:
+        host, port = split_listen(v)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """Split HOST:PORT (IPv6 as [::1]:PORT); the port must be 0-65535."""
+    m = re.match(r"^\[([^\]]+)\]:(\d+)$", value) or re.match(r"^([^:\[\]]*):(\d+)$", value)
+    if not m:
+        raise ValueError(f"listen address {value!r} must be HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}")
+    host, port = m.group(1) or "127.0.0.1", int(m.group(2))
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range")
+    return host, port
+
+
+class ConfigError(Exception):
+    """A config problem a human can fix: carries the file, the field and the reason."""
+
+    def __init__(self, file: str, field: str, reason: str) -> None:
+        self.file, self.field, self.reason = file, field, reason
+        super().__init__(f"{file}: {field}: {reason}")
+
+
+def format_validation_error(file: str, err: ValidationError) -> ConfigError:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
+    more = len(err.errors()) - 1
+    return ConfigError(file, loc, msg + (f" (and {more} more problem(s))" if more else ""))
+
+
+def load_yaml_mapping(path: Path) -> dict[str, Any]:
+    """Safe-load a YAML mapping; every failure becomes a ConfigError naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), "(file)", exc.strerror or str(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "(file)", f"not UTF-8 text: {exc.reason}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "(yaml)"
+        raise ConfigError(str(path), where, f"invalid YAML: {getattr(exc, 'problem', None) or exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "(top level)", "expected a mapping of settings")
+    return data
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Load the config file (if any), apply command-line overrides, validate everything."""
+    data: dict[str, Any] = load_yaml_mapping(path) if path is not None else {}
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key == "watches":
+            data["watches"] = list(data.get("watches") or []) + list(value)
+        else:
+            data[key] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise format_validation_error(str(path) if path else "(command line)", exc) from exc

@@ -1,0 +1,338 @@
+"""The resident agent: wires sources → readers → pipeline → state store → exporters.
+
+Threads: watchdog's observer and the apscheduler jobs only *enqueue* work; one worker thread
+owns the readers, the pipeline and the state store, so detection needs no locks; the HTTP
+server reads snapshots. SIGTERM finishes the current batch, commits and exits 0; SIGHUP reloads
+the rule files (a bad file keeps its last good version).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+
+from . import __version__
+from .alerts import Transition
+from .config import Config, ConfigError, Watch, split_listen
+from .health import Health
+from .model import AlertState
+from .notify import sd_notify, watchdog_interval
+from .pipeline import Pipeline
+from .priority import lower_priority
+from .readers.logstream import LogStream
+from .readers.parsers import UnknownFormat
+from .readers.tailer import TailEvent, TailPosition
+from .rulefile import RuleSet, default_rules_dir, load_rules
+from .sources.queue import ChangeQueue
+from .sources.watcher import TreeWatcher, walk, watch_for
+from .state import StateError, StateStore
+from .exporters.http import HttpExporter
+from .exporters.metrics import AgentCollector
+
+log = logging.getLogger("precision_agent")
+
+
+class Agent:
+    def __init__(self, config: Config, on_transition: Callable[[Transition], None] | None = None) -> None:
+        self.config = config
+        self.health = Health()
+        self.on_transition = on_transition
+        self.queue = ChangeQueue(config.limits.queue_size)
+        self.stop_event = threading.Event()
+        self.streams: dict[str, LogStream] = {}
+        self.offsets: dict[str, TailPosition] = {}
+        self.rule_dirs = ([default_rules_dir()] if config.default_rules else []) + list(config.rule_dirs)
+        self.store = StateStore(config.state_dir)
+        self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series)
+        self._rule_mtimes: dict[str, float] = {}
+        self._forget: set[str] = set()  # offsets to delete at the next commit
+        self.heartbeat = time.monotonic()
+        self._worker: threading.Thread | None = None
+        self.scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
+            "coalesce": True, "max_instances": 1, "misfire_grace_time": 30})
+        self.watcher = TreeWatcher(config.watches, self._on_path, self._on_overflow,
+                                   lambda msg: self.health.error("watch", "%s", msg))
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(AgentCollector(self.health, self.pipeline))
+        host, port = split_listen(config.listen)
+        self.http = HttpExporter(host, port, self.registry, self.alerts_json, self.status_json,
+                                 lambda: bool(self.health.gauges["ready"]))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        lower_priority(self.config.limits.nice, self.config.limits.io_idle)  # before threads start
+        self._load_state()
+        self.reload_rules(initial=True)
+        self.http.start()
+        log.info("precision-agent %s listening on %s (metrics at %s/metrics)", __version__, self.http.url,
+                 self.http.url)
+        self.watcher.start()
+        self.scheduler.add_job(self.queue.request_resync, "interval", seconds=self.config.resync_interval,
+                               id="resync")
+        ping = watchdog_interval()
+        if ping:
+            self.scheduler.add_job(self._watchdog_ping, "interval", seconds=ping, id="watchdog")
+        self.scheduler.start()
+        self._worker = threading.Thread(target=self._work, name="worker", daemon=True)
+        self._worker.start()
+        self.queue.request_resync()  # first pass: catch up with everything already on disk
+
+    def run_forever(self) -> int:
+        """Run until SIGTERM/SIGINT; SIGHUP reloads rules. Returns the exit status."""
+        signal.signal(signal.SIGTERM, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop_event.set())
+        signal.signal(signal.SIGHUP, lambda *_: self.queue.request_reload())
+        self.start()
+        while not self.stop_event.wait(0.5):
+            if self._worker is not None and not self._worker.is_alive():
+                log.error("worker thread died; exiting so the service manager restarts the agent")
+                self.shutdown()
+                return 1
+        self.shutdown()
+        return 0
+
+    def shutdown(self) -> None:
+        sd_notify("STOPPING=1")
+        log.info("stopping")
+        self.stop_event.set()
+        self.queue.wake()
+        if self._worker is not None:
+            self._worker.join(timeout=30)
+        try:
+            self.scheduler.shutdown(wait=False)
+        except Exception:  # scheduler not started
+            pass
+        self.watcher.stop()
+        self.http.stop()
+        for s in self.streams.values():
+            s.close()
+        self.store.close()
+        log.info("stopped; state saved in %s", self.store.path)
+
+    # -- sources → queue -----------------------------------------------------------------------
+    def _on_path(self, path: str) -> None:
+        self.health.inc("watch_events")
+        if not self.queue.put(path):
+            self.health.inc("queue_overflows")
+
+    def _on_overflow(self) -> None:
+        self.queue.request_resync()
+
+    def _watchdog_ping(self) -> None:
+        # Only claim liveness when the worker is really making progress.
+        if time.monotonic() - self.heartbeat < max(30.0, 3 * self.config.evaluation_interval):
+            sd_notify("WATCHDOG=1")
+
+    # -- the worker ----------------------------------------------------------------------------
+    def _work(self) -> None:
+        first = True
+        while not self.stop_event.is_set():
+            batch = self.queue.get(self.config.evaluation_interval, self.config.debounce)
+            self.heartbeat = time.monotonic()
+            try:
+                if batch.reload_rules:
+                    self.reload_rules()
+                paths = list(batch.paths)
+                if batch.resync:
+                    paths += self._resync()
+                touched = self._read(dict.fromkeys(paths))
+                self.pipeline.tick(time.time())
+                self._emit_transitions()
+                self._commit(touched)
+            except Exception:  # never let one bad batch kill the agent
+                log.exception("unexpected error in worker")
+                self.health.error("internal", "unexpected error in worker (see traceback above)")
+            if first:
+                first = False
+                self.health.set("ready", 1)
+                sd_notify(f"READY=1\nSTATUS=watching {len(self.config.watches)} path(s)")
+        self._commit(set(self.streams))
+
+    def _resync(self) -> list[str]:
+        self.health.inc("resyncs")
+        self.watcher.schedule_missing()
+        self._check_rule_files()
+        found: list[str] = []
+        for w in self.config.watches:
+            if w.kind == "log":
+                found.extend(walk(w, self.config.limits.max_files))
+        # also poll the streams we follow (a missed append event, a rotation); a file that is
+        # gone is read to its end one last time and then forgotten
+        for path, stream in list(self.streams.items()):
+            if not os.path.exists(path):
+                self._read({path: None})
+                stream.close()
+                del self.streams[path]
+                self.offsets.pop(path, None)
+                self._forget.add(path)
+                log.info("%s is gone; stopped following it", path)
+        return found + [p for p in self.streams if p not in found]
+
+    def _read(self, paths: dict[str, None]) -> set[str]:
+        touched: set[str] = set()
+        for path in paths:
+            if self.stop_event.is_set():
+                break
+            stream = self.streams.get(path) or self._open(path)
+            if stream is None:
+                continue
+            before = stream.stats.lines, stream.stats.bytes, stream.stats.records, stream.stats.truncated_lines
+            samples = stream.poll(self.config.limits.read_budget_bytes)
+            for event, message in stream.tailer.drain_events():
+                self._tail_event(path, event, message)
+            if samples:
+                self.pipeline.process(samples)
+            st = stream.stats
+            if st.lines != before[0]:
+                self.health.inc("log_lines_read", st.lines - before[0])
+                self.health.inc("log_bytes_read", st.bytes - before[1])
+                self.health.inc("log_records_parsed", st.records - before[2])
+                self.health.inc("log_lines_truncated", st.truncated_lines - before[3])
+            if stream.position is not None and stream.position != self.offsets.get(path):
+                touched.add(path)
+                if st.bytes - before[1] >= self.config.limits.read_budget_bytes:
+                    self.queue.put(path)  # more to read: come back after the others had a turn
+        self.health.set("watched_log_files", len(self.streams))
+        return touched
+
+    def _open(self, path: str) -> LogStream | None:
+        watch = watch_for(self.config.watches, path)
+        if watch is None or watch.kind != "log" or not os.path.isfile(path):
+            return None
+        if len(self.streams) >= self.config.limits.max_files:
+            self.health.error("watch", "not following %s: limits.max_files=%d reached", path,
+                              self.config.limits.max_files)
+            return None
+        labels = dict(watch.labels)
+        try:
+            stream = LogStream(path, labels, watch.format, self.offsets.get(path),
+                               start_at_end=watch.start_at_end and path not in self.offsets,
+                               max_line_bytes=self.config.limits.max_line_bytes,
+                               chunk_bytes=self.config.limits.read_chunk_bytes)
+        except UnknownFormat as exc:
+            self.health.error("config", "%s: %s", path, exc)
+            return None
+        self.streams[path] = stream
+        log.info("following %s", path)
+        return stream
+
+    def _tail_event(self, path: str, event: TailEvent, message: str) -> None:
+        name = event.name
+        if name == "ROTATED":
+            self.health.inc("log_rotations")
+        elif name == "TRUNCATED":
+            self.health.inc("log_truncations")
+        if name == "ERROR":
+            self.health.error("read", "%s: %s", path, message)
+        else:
+            log.info("%s: %s", path, message)
+
+    def _emit_transitions(self) -> None:
+        for t in self.pipeline.alerts.drain_transitions():
+            a = t.alert
+            if t.new == AlertState.FIRING:
+                log.warning("alert %s FIRING %s: %s", a.rule, dict(a.labels), a.annotations.get("summary", ""))
+            elif t.new == AlertState.RESOLVED:
+                log.info("alert %s resolved %s", a.rule, dict(a.labels))
+            if self.on_transition is not None:
+                self.on_transition(t)
+
+    def _commit(self, touched: set[str]) -> None:
+        book = self.pipeline.alerts
+        offsets = {p: self.streams[p].position for p in touched if p in self.streams and self.streams[p].position}
+        if not (offsets or book.dirty or book.deleted or self.pipeline.dirty_series or self._forget):
+            return
+        with self.pipeline.lock:
+            alerts = [book.alerts[f] for f in book.dirty if f in book.alerts]
+            series = [self.pipeline.series[k] for k in self.pipeline.dirty_series if k in self.pipeline.series]
+            self.pipeline.dirty_series.clear()
+        try:
+            self.store.commit(offsets=offsets, alerts=alerts, deleted_alerts=book.deleted, series=series,
+                              forget_offsets=self._forget)
+        except StateError as exc:
+            self.health.error("state", "could not save state (will retry): %s", exc)
+            return
+        self.offsets.update(offsets)
+        self._forget.clear()
+        book.dirty.clear()
+        book.deleted.clear()
+        self.health.set("last_commit_timestamp_seconds", time.time())
+
+    # -- rules and state -------------------------------------------------------------------------
+    def reload_rules(self, initial: bool = False) -> None:
+        try:
+            rules = load_rules(self.rule_dirs, None if initial else self.pipeline.rules)
+        except ConfigError as exc:
+            self.health.error("rule_file", "%s", exc)
+            self.health.inc("rule_reloads_failure")
+            return
+        for err in rules.errors.values():
+            self.health.error("rule_file", "%s (keeping the last good version, if any)", err)
+        self.health.inc("rule_reloads_failure" if rules.errors else "rule_reloads_success")
+        self.pipeline.set_rules(rules)
+        self.health.set("rule_files_ok", len(rules.by_file) - len([e for e in rules.errors if e in rules.by_file]))
+        self.health.set("rule_files_error", len(rules.errors))
+        self.health.set("rules_loaded", len(rules.rules))
+        self._rule_mtimes = self._rule_file_mtimes()
+        log.info("loaded %d rule(s) from %d file(s)", len(rules.rules), len(rules.by_file))
+
+    def _rule_file_mtimes(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for d in self.rule_dirs:
+            for p in ([d] if d.is_file() else sorted(d.glob("*.y*ml")) if d.is_dir() else []):
+                try:
+                    out[str(p)] = p.stat().st_mtime
+                except OSError:
+                    pass
+        return out
+
+    def _check_rule_files(self) -> None:
+        if self._rule_file_mtimes() != self._rule_mtimes:
+            log.info("rule files changed; reloading")
+            self.reload_rules()
+
+    def _load_state(self) -> None:
+        self.offsets = self.store.load_offsets()
+        alerts = self.store.load_alerts()
+        self.pipeline.alerts.load(alerts)
+        for st in self.store.load_series():
+            self.pipeline.series[st.labels] = st
+        log.info("state: %d offset(s), %d alert(s), %d series from %s", len(self.offsets), len(alerts),
+                 len(self.pipeline.series), self.store.path)
+
+    # -- JSON API ----------------------------------------------------------------------------------
+    def alerts_json(self) -> dict[str, Any]:
+        with self.pipeline.lock:
+            return {"alerts": [a.to_json() for a in self.pipeline.alerts.alerts.values()
+                               if a.state != AlertState.RESOLVED]}
+
+    def status_json(self) -> dict[str, Any]:
+        counters, errors, gauges = self.health.snapshot()
+        with self.pipeline.lock:
+            series = [{"labels": dict(s.labels), **s.to_dict()} for s in self.pipeline.series.values()]
+            rule_errors = {f: str(e) for f, e in self.pipeline.rules.errors.items()}
+            rules = [{"alert": r.name, "kind": r.spec.kind, "file": r.file, "group": r.group}
+                     for r in self.pipeline.rules.rules]
+        files = [{"path": p, "format": s.format, "lines": s.stats.lines, "records": s.stats.records}
+                 for p, s in list(self.streams.items())]
+        return {"version": __version__, "ready": bool(gauges["ready"]), "watches": [
+            {"path": str(w.path), "kind": w.kind, "labels": w.labels} for w in self.config.watches],
+            "files": files, "series": series, "rules": rules, "rule_errors": rule_errors,
+            "counters": counters, "errors": errors}
+
+
+def default_state_dir(config_dir: Path) -> Path:
+    """Where state goes when none was configured and the system default is not writable."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "precision-agent"
+
+
+__all__ = ["Agent", "Watch"]

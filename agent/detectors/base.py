@@ -1,0 +1,64 @@
+"""The one small interface every rule kind implements.
+
+A detector sees the (deduplicated) samples of the metrics it cares about, together with the
+state of their series, and answers: the condition holds now (``Hit``), it stopped holding
+(``Clear``), or nothing changed (``None``). Everything else (for:, labels, templating, the
+alert lifecycle, persistence) is the same for every kind and lives outside detectors.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from ..model import Labels, Sample, SourcePos
+from ..series import SeriesState
+
+
+class Params(BaseModel):
+    """Base for a kind's parameters: unknown keys are errors, so typos do not pass silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+P = TypeVar("P", bound=Params)
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    labels: Labels
+    message: str
+    value: float | None = None
+    step: int | None = None
+    source: SourcePos | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Clear:
+    labels: Labels
+
+
+class Detector(abc.ABC, Generic[P]):
+    kind: ClassVar[str]
+    params_model: ClassVar[type[Params]]
+    metrics: ClassVar[frozenset[str]]
+    # True: the condition is a state (e.g. "scale at the floor") that clears itself when the
+    # data says so. False: the condition is an event (e.g. "a NaN appeared") whose alert
+    # resolves once ``resolve_after`` passes without another hit.
+    stateful: ClassVar[bool] = False
+    default_resolve_after: ClassVar[float] = 600.0
+
+    def __init__(self, params: P) -> None:
+        self.params = params
+
+    def wanted_metrics(self) -> frozenset[str]:
+        """Metrics this instance needs; a kind may narrow it from its parameters."""
+        return self.metrics
+
+    @abc.abstractmethod
+    def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        """Judge one accepted sample of ``series``."""

@@ -1,0 +1,51 @@
+"""The agent's own health counters, shared by every thread and exported on /metrics.
+
+Every error kind is listed up front so it is exported at 0 before the first error: a rule
+such as ``increase(precision_agent_errors_total[5m]) > 0`` needs a sample before the increment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan", "http", "notify", "internal")
+COUNTERS = ("log_lines_read", "log_bytes_read", "log_records_parsed", "log_lines_truncated",
+            "log_rotations", "log_truncations", "dump_files_scanned", "watch_events", "resyncs",
+            "queue_overflows", "rule_reloads_success", "rule_reloads_failure")
+
+log = logging.getLogger("precision_agent")
+
+
+class Health:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters: dict[str, float] = {name: 0.0 for name in COUNTERS}
+        self.errors: dict[str, float] = {kind: 0.0 for kind in ERROR_KINDS}
+        self.gauges: dict[str, float] = {"watched_log_files": 0.0, "watched_dump_files": 0.0,
+                                         "rule_files_ok": 0.0, "rule_files_error": 0.0, "rules_loaded": 0.0,
+                                         "last_commit_timestamp_seconds": 0.0, "ready": 0.0}
+        self.start_time = time.time()
+        self.last_error: dict[str, str] = {}
+
+    def inc(self, name: str, amount: float = 1.0) -> None:
+        with self._lock:
+            self.counters[name] = self.counters.get(name, 0.0) + amount
+
+    def set(self, name: str, value: float) -> None:
+        with self._lock:
+            self.gauges[name] = value
+
+    def error(self, kind: str, message: str, *args: object) -> None:
+        """Count an error of ``kind`` and log it: every bad input gets a log line and a metric."""
+        if kind not in self.errors:
+            kind = "internal"
+        with self._lock:
+            self.errors[kind] += 1
+            self.last_error[kind] = message % args if args else message
+        log.error("%s error: " + message, kind, *args)
+
+    def snapshot(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        with self._lock:
+            return dict(self.counters), dict(self.errors), dict(self.gauges)

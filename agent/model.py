@@ -1,0 +1,184 @@
+"""Core types shared by every layer: samples, tensor statistics, findings and alerts.
+
+They are plain frozen dataclasses (not pydantic models) because millions of samples flow
+through the hot path; validation belongs to config and rule files, not to data.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+# Metric names a parser may emit. Keeping them in one place stops near-duplicates
+# ("gnorm", "grad_norm", "gradnorm") from spreading through detectors and exporters.
+LOSS = "loss"                  # training loss
+EVAL_LOSS = "eval_loss"        # validation/eval loss, kept apart from training loss
+GRAD_NORM = "grad_norm"
+LOSS_SCALE = "loss_scale"
+LEARNING_RATE = "lr"
+OVERFLOW = "overflow"          # one overflow/skipped-step event (value 1)
+SKIPPED_INTERVAL = "skipped_in_interval"  # skipped steps counted over one log interval (Megatron)
+SKIPPED_CUMULATIVE = "skipped_cumulative"  # running skip counter printed by the trainer (DeepSpeed)
+NONFINITE_MESSAGE = "nonfinite_message"  # an explicit trainer message that loss became NaN/Inf
+
+TRAINING_METRICS = (LOSS, EVAL_LOSS, GRAD_NORM, LOSS_SCALE, LEARNING_RATE)
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def make_labels(mapping: Mapping[str, str] | None = None, **extra: str) -> Labels:
+    """Return a canonical (sorted, hashable) label tuple."""
+    merged: dict[str, str] = dict(mapping or {})
+    merged.update(extra)
+    return tuple(sorted((str(k), str(v)) for k, v in merged.items() if v is not None and v != ""))
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePos:
+    """Where a sample came from, so every finding can point at the exact line."""
+
+    path: str
+    line: int          # 1-based line number inside the current file generation
+    offset: int = -1   # byte offset of the line start, -1 if unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One value read from a training log.
+
+    ``attrs`` carries event details a detector may need (e.g. the scale before and after
+    an overflow back-off) without widening the type for every producer.
+    """
+
+    labels: Labels
+    metric: str
+    value: float
+    step: int | None
+    source: SourcePos
+    time: float = 0.0            # ingestion wall-clock time (seconds since epoch)
+    log_time: float | None = None  # timestamp printed on the line, if any
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class TensorStats:
+    """Statistics of one dumped tensor, from one numpy pass."""
+
+    name: str                 # op or module name
+    io: str                   # "input" | "output" | "param" | ""
+    index: int
+    dtype: str
+    shape: tuple[int, ...]
+    count: int
+    nan: int = 0
+    pos_inf: int = 0
+    neg_inf: int = 0
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    l2norm: float | None = None
+    zero_fraction: float | None = None
+    fp16_saturated: int = 0
+    step: int | None = None
+    rank: int | None = None
+    path: str = ""
+
+    @property
+    def nonfinite(self) -> int:
+        return self.nan + self.pos_inf + self.neg_inf
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    WARNING = "warning"
+    TICKET = "ticket"
+    PAGE = "page"
+    CRITICAL = "critical"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A detector's statement that a rule's condition holds for one series, with evidence."""
+
+    rule: str             # the alert name of the rule that produced it
+    kind: str             # rule kind, e.g. "nonfinite", "loss_scale"
+    severity: str
+    labels: Labels        # series labels plus the rule's own labels
+    summary: str
+    time: float
+    step: int | None = None
+    source: SourcePos | None = None
+    value: float | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["labels"] = dict(self.labels)
+        out["evidence"] = dict(self.evidence)
+        out["annotations"] = dict(self.annotations)
+        return out
+
+
+class AlertState(str, enum.Enum):
+    PENDING = "pending"
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+def json_safe(obj: Any) -> Any:
+    """JSON has no NaN/Inf: render them as "NaN", "+Inf", "-Inf", as Prometheus' API does."""
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return "NaN" if obj != obj else ("+Inf" if obj > 0 else "-Inf")
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def fingerprint(rule: str, labels: Labels) -> str:
+    """Stable identity of an alert: the rule name plus its full label set."""
+    raw = json.dumps([rule, list(labels)], separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+@dataclass(slots=True)
+class Alert:
+    """An alert's lifecycle record; persisted so a restart neither loses nor re-pages it."""
+
+    fingerprint: str
+    rule: str
+    labels: Labels
+    state: AlertState
+    active_at: float
+    last_seen: float
+    fired_at: float | None = None
+    resolved_at: float | None = None
+    annotations: dict[str, str] = field(default_factory=dict)
+    finding: dict[str, Any] = field(default_factory=dict)
+    count: int = 1               # how many findings fed this alert
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.fingerprint,
+            "alertname": self.rule,
+            "labels": dict(self.labels),
+            "state": self.state.value,
+            "activeAt": self.active_at,
+            "lastSeen": self.last_seen,
+            "firedAt": self.fired_at,
+            "resolvedAt": self.resolved_at,
+            "annotations": dict(self.annotations),
+            "evidence": self.finding,
+            "count": self.count,
+        }

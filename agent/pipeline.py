@@ -1,0 +1,93 @@
+"""The one pipeline: samples → series state → detectors → findings → alert book.
+
+The daemon, ``replay`` and ``demo`` all drive this class; none of them has its own detection
+code. It is single-threaded by design: the daemon's worker thread owns it, and readers of its
+state (the HTTP exporter) take ``snapshot()`` copies under ``lock``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable, Iterable
+
+from .alerts import AlertBook
+from .detectors import Clear, Hit
+from .model import Finding, Labels, Sample
+from .rulefile import Rule, RuleSet
+from .series import SeriesState
+
+
+class Pipeline:
+    def __init__(self, rules: RuleSet, max_series: int = 512, keep_findings: int = 0) -> None:
+        self.rules = rules
+        self.alerts = AlertBook()
+        self.series: OrderedDict[Labels, SeriesState] = OrderedDict()
+        self.max_series = max_series
+        self.evicted_series = 0
+        self.findings_total: dict[str, int] = {}
+        self.keep_findings = keep_findings          # replay keeps every finding; the daemon none
+        self.findings: list[Finding] = []
+        self.on_accepted: Callable[[Sample, SeriesState], None] | None = None  # replay's tap
+        self.dirty_series: set[Labels] = set()  # series changed since the last state commit
+        self.lock = threading.RLock()
+        self._rules_by_name: dict[str, Rule] = {}
+        self.set_rules(rules)
+
+    def set_rules(self, rules: RuleSet) -> None:
+        with self.lock:
+            self.rules = rules
+            self._rules_by_name = {r.name: r for r in rules.rules}
+            for r in rules.rules:
+                self.findings_total.setdefault(r.name, 0)
+
+    def series_for(self, labels: Labels) -> SeriesState:
+        st = self.series.get(labels)
+        if st is None:
+            if len(self.series) >= self.max_series:
+                self.series.popitem(last=False)  # least recently updated
+                self.evicted_series += 1
+            st = self.series[labels] = SeriesState(labels)
+        else:
+            self.series.move_to_end(labels)
+        return st
+
+    def process(self, samples: Iterable[Sample]) -> list[Finding]:
+        out: list[Finding] = []
+        with self.lock:
+            for sample in samples:
+                series = self.series_for(sample.labels)
+                self.dirty_series.add(sample.labels)
+                for accepted in series.ingest(sample):
+                    if self.on_accepted is not None:
+                        self.on_accepted(accepted, series)
+                    for rule in self.rules.rules_for(accepted.metric):
+                        if not rule.matches(accepted.labels):
+                            continue
+                        signal = rule.detector.observe(accepted, series)
+                        if isinstance(signal, Hit):
+                            out.append(self._finding(rule, signal, accepted.time))
+                        elif isinstance(signal, Clear):
+                            self.alerts.clear(rule, _alert_labels(signal.labels, rule), accepted.time)
+        return out
+
+    def _finding(self, rule: Rule, hit: Hit, now: float) -> Finding:
+        labels = _alert_labels(hit.labels, rule)
+        f = Finding(rule=rule.name, kind=rule.spec.kind, severity=rule.severity, labels=labels,
+                    summary=hit.message, time=now, step=hit.step, source=hit.source, value=hit.value,
+                    evidence=hit.evidence,
+                    annotations=rule.annotate(labels, hit.value, hit.step, hit.source, hit.evidence))
+        self.findings_total[rule.name] = self.findings_total.get(rule.name, 0) + 1
+        self.alerts.hit(rule, f)
+        if self.keep_findings and len(self.findings) < self.keep_findings:
+            self.findings.append(f)
+        return f
+
+    def tick(self, now: float) -> None:
+        with self.lock:
+            self.alerts.tick(self._rules_by_name, now)
+
+
+def _alert_labels(series: Labels, rule: Rule) -> Labels:
+    """An alert's labels: its series' labels overlaid with the rule's own labels."""
+    return tuple(sorted((dict(series) | rule.spec.labels).items()))

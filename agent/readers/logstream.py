@@ -1,0 +1,90 @@
+"""One followed log file: tailer → normaliser → parsers → typed samples.
+
+The daemon keeps one ``LogStream`` per watched log; ``replay`` runs one over a finished file.
+Both therefore read, normalise and parse with exactly the same code.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..model import Sample, SourcePos, make_labels
+from .parsers import Block, CompositeParser
+from .parsers.base import strip_ansi
+from .tailer import LogTailer, TailPosition, TextBlock
+
+
+@dataclass
+class StreamStats:
+    lines: int = 0
+    bytes: int = 0
+    records: int = 0
+    truncated_lines: int = 0
+
+
+class LogStream:
+    def __init__(self, path: str, labels: Mapping[str, str] | None = None, fmt: str = "auto",
+                 position: TailPosition | None = None, *, start_at_end: bool = False,
+                 max_line_bytes: int = 1 << 20, chunk_bytes: int = 1 << 20) -> None:
+        self.path = path
+        self.base_labels = dict(labels or {})
+        self.parser = CompositeParser(fmt)       # raises UnknownFormat for a bad override
+        self.tailer = LogTailer(path, position, start_at_end=start_at_end,
+                                max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
+        self.stats = StreamStats()
+        self._labels_cache: dict[str | None, tuple[tuple[str, str], ...]] = {}
+
+    @property
+    def format(self) -> str | None:
+        return self.parser.format
+
+    @property
+    def position(self) -> TailPosition | None:
+        return self.tailer.position
+
+    def poll(self, budget_bytes: int = 16 << 20, now: float | None = None) -> list[Sample]:
+        """Samples from the complete lines appended since the last call."""
+        return self._samples(self.tailer.read(budget_bytes), now)
+
+    def finish(self, now: float | None = None) -> list[Sample]:
+        """At the end of a finished file: the last line even without its newline."""
+        blocks: list[TextBlock] = []
+        while True:
+            more = self.tailer.read(1 << 30)
+            block = self.tailer.flush_partial() if not more else None
+            if not more and block is None:
+                break
+            blocks.extend(more)
+            if block is not None:
+                blocks.append(block)
+        return self._samples(blocks, now)
+
+    def close(self) -> None:
+        self.tailer.close()
+
+    def _labels(self, rank: str | None):
+        lab = self._labels_cache.get(rank)
+        if lab is None:
+            extra = {"rank": rank} if rank is not None else {}
+            lab = self._labels_cache[rank] = make_labels(self.base_labels | extra)
+        return lab
+
+    def _samples(self, blocks: list[TextBlock], now: float | None) -> list[Sample]:
+        out: list[Sample] = []
+        t = _time.time() if now is None else now
+        for tb in blocks:
+            self.stats.lines += tb.n_lines
+            self.stats.bytes += tb.end_offset - tb.start_offset
+            self.stats.truncated_lines += tb.truncated_lines
+            # ANSI colour codes never contain a newline, so stripping keeps line numbers exact
+            records = self.parser.parse(Block(strip_ansi(tb.text), tb.first_line))
+            self.stats.records += len(records)
+            for rec in records:
+                labels = self._labels(rec.rank)
+                src = SourcePos(self.path, rec.line)
+                for metric, value, attrs in rec.values:
+                    out.append(Sample(labels, metric, value, rec.step, src, t, rec.log_time, attrs))
+        return out
+

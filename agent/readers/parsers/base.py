@@ -1,0 +1,129 @@
+"""The line-parser interface and the helpers every producer's parser shares.
+
+Parsers work on *blocks* of complete lines rather than one line at a time: a regex scan over a
+whole block runs in C, which is what lets parsing keep up with a fast-writing trainer while the
+agent stays in the background. A parser finds its records anywhere inside a line (records are
+glued after progress-bar frames in real logs), and reports each with its 1-based line number.
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import calendar
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+# A float as trainers print it: plain, scientific in either case, Python/Lightning NaN forms.
+FLOAT = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan(?:\.0)?|NaN|inf|Inf|infinity|Infinity)"
+
+_SPECIAL = {"nan": math.nan, "nan.0": math.nan, "-nan": math.nan, "+nan": math.nan,
+            "inf": math.inf, "+inf": math.inf, "infinity": math.inf, "+infinity": math.inf,
+            "-inf": -math.inf, "-infinity": -math.inf}
+
+
+def to_float(text: str) -> float | None:
+    """Parse a printed number; None when it is not one (never raises)."""
+    try:
+        return float(text)
+    except ValueError:
+        return _SPECIAL.get(text.strip().strip("'\"").lower())
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI_RE.sub("", text) if "\x1b" in text else text
+
+
+_TS_RE = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,6}))?")
+_RANK_PREFIX_RE = re.compile(r"\s*(?:> )?\s*\[(?:rank|default)\s*(\d+)\]:")
+
+
+class Block:
+    """A block of text being parsed, with cheap line-number and line-prefix lookups."""
+
+    __slots__ = ("text", "first_line", "_nl", "_date_cache")
+
+    def __init__(self, text: str, first_line: int = 1) -> None:
+        self.text = text
+        self.first_line = first_line
+        self._nl: list[int] | None = None
+        self._date_cache: dict[tuple[str, str, str], int] = {}
+
+    def _newlines(self) -> list[int]:
+        if self._nl is None:
+            text, out, i = self.text, [], self.text.find("\n")
+            while i != -1:
+                out.append(i)
+                i = text.find("\n", i + 1)
+            self._nl = out
+        return self._nl
+
+    def line_of(self, pos: int) -> int:
+        """1-based line number (in the file) of character position ``pos``."""
+        return self.first_line + bisect.bisect_left(self._newlines(), pos)
+
+    def line_start(self, pos: int) -> int:
+        return self.text.rfind("\n", 0, pos) + 1
+
+    def rank_at(self, pos: int) -> str | None:
+        """Rank from a stream prefix such as torchrun's ``[rank3]:`` at the start of the line."""
+        start = self.line_start(pos)
+        m = _RANK_PREFIX_RE.match(self.text, start, min(pos + 1, start + 40))
+        return m.group(1) if m else None
+
+    def log_time_at(self, pos: int) -> float | None:
+        """Seconds (as if UTC) of a ``YYYY-MM-DD HH:MM:SS[,mmm]`` stamp before ``pos`` on its line."""
+        start = self.line_start(pos)
+        m = _TS_RE.search(self.text, start, min(pos, start + 120) if pos > start else start + 120)
+        if not m:
+            return None
+        y, mo, d, hh, mm, ss, frac = m.groups()
+        key = (y, mo, d)
+        day = self._date_cache.get(key)
+        if day is None:
+            try:
+                day = calendar.timegm((int(y), int(mo), int(d), 0, 0, 0))
+            except (ValueError, OverflowError):
+                return None
+            self._date_cache[key] = day
+        t = day + int(hh) * 3600 + int(mm) * 60 + int(ss)
+        return t + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+
+@dataclass(slots=True)
+class Record:
+    """What one parser read from one line: values plus where and when."""
+
+    line: int
+    pos: int                                   # character position in the block (for ordering)
+    values: list[tuple[str, float, tuple[tuple[str, Any], ...]]] = field(default_factory=list)
+    step: int | None = None
+    log_time: float | None = None
+    rank: str | None = None
+    producer: str = ""
+
+    def add(self, metric: str, value: float, **attrs: Any) -> None:
+        self.values.append((metric, value, tuple(attrs.items())))
+
+
+class Parser(abc.ABC):
+    """Turns blocks of one producer's log lines into records.
+
+    One instance per file, so a parser may keep per-file context (e.g. a record split over
+    two lines). ``keywords`` is a cheap pre-filter: a block that contains none of them is skipped
+    without running any regex.
+    """
+
+    name: ClassVar[str]
+    keywords: ClassVar[tuple[str, ...]]
+
+    def wants(self, text: str) -> bool:
+        return any(k in text for k in self.keywords)
+
+    @abc.abstractmethod
+    def parse(self, block: Block) -> list[Record]:
+        """Records found in ``block``, in text order."""

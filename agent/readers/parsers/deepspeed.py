@@ -1,0 +1,63 @@
+"""DeepSpeed fp16 loss-scaler messages (ZeRO ``loss_scaler.py`` and the unfused optimizer).
+
+Every overflow message becomes an ``overflow`` event carrying the scale transition, and the new
+scale becomes a ``loss_scale`` sample tagged with where it came from. The series layer uses
+those transitions to merge the identical copies each rank prints. ``No Grad overflow for N
+iterations`` is not an overflow and is ignored.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ...model import LEARNING_RATE, LOSS_SCALE, OVERFLOW, SKIPPED_CUMULATIVE
+from .base import FLOAT, Block, Parser, Record, to_float
+
+_RE = re.compile(
+    rf"OVERFLOW! Rank (?P<zrank>\d+) Skipping step\. Attempted loss scale: (?P<za>{FLOAT}),"
+    rf" (?:reducing to (?P<zb>{FLOAT})|but hysteresis is (?P<zh>\d+))"
+    rf"|loss scale overflow! Skipping step\. Attempted loss scale: (?P<ua>{FLOAT}), reducing to (?P<ub>{FLOAT})"
+    rf"|Grad overflow on iteration:?\s*(?P<git>\d+)"
+    rf"|(?P<dir>Reducing|Increasing) dynamic loss scale from (?P<fa>{FLOAT}) to (?P<fb>{FLOAT})"
+    rf"|\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+)(?:, lr=\[(?P<lr>[^\],]*))?"
+)
+
+
+class DeepSpeedParser(Parser):
+    name = "deepspeed"
+    keywords = ("loss scale", "step=", "Grad overflow")
+
+    def parse(self, block: Block) -> list[Record]:
+        out: list[Record] = []
+        for m in _RE.finditer(block.text):
+            pos = m.start()
+            rec = Record(line=block.line_of(pos), pos=pos, log_time=block.log_time_at(pos),
+                         rank=block.rank_at(pos), producer=self.name)
+            g = m.groupdict()
+            if g["za"] is not None:
+                a = to_float(g["za"])
+                if g["zb"] is not None:
+                    b = to_float(g["zb"])
+                    rec.add(OVERFLOW, 1.0, variant="reduce", frm=a, to=b)
+                    rec.add(LOSS_SCALE, b, frm=a)
+                else:
+                    rec.add(OVERFLOW, 1.0, variant="hysteresis", frm=a)
+                    rec.add(LOSS_SCALE, a)
+            elif g["ua"] is not None:
+                a, b = to_float(g["ua"]), to_float(g["ub"])
+                rec.add(OVERFLOW, 1.0, variant="reduce", frm=a, to=b)
+                rec.add(LOSS_SCALE, b, frm=a)
+            elif g["git"] is not None:
+                rec.step = int(g["git"])
+                rec.add(OVERFLOW, 1.0)
+            elif g["dir"] is not None:
+                a, b = to_float(g["fa"]), to_float(g["fb"])
+                rec.add(LOSS_SCALE, b, frm=a)
+            else:
+                rec.step = int(g["step"])
+                rec.add(SKIPPED_CUMULATIVE, float(g["skipped"]))
+                if g["lr"] and (lr := to_float(g["lr"])) is not None:
+                    rec.add(LEARNING_RATE, lr)
+            if rec.values or rec.step is not None:
+                out.append(rec)
+        return out

@@ -1,0 +1,106 @@
+"""``replay``: run a finished log through the same reader, parsers, series state and rules the
+daemon uses, and summarise what the agent would have seen and said.
+
+JSON contract (one object): ``file, format, records, steps{first,last}, loss_scale{first,min,
+last,decreases,increases} | null, overflow_steps, nonfinite[{metric,step,line}],
+spikes[{metric,step,line,value}], findings[{rule,kind,severity,step,line,summary}]``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from .model import NONFINITE_MESSAGE, OVERFLOW, Sample
+from .pipeline import Pipeline
+from .readers.logstream import LogStream
+from .rulefile import RuleSet
+from .series import SeriesState
+
+
+def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str] | None = None) -> dict[str, Any]:
+    pipeline = Pipeline(rules, max_series=1 << 20, keep_findings=100_000)
+    nonfinite: list[dict[str, Any]] = []
+
+    def watch(sample: Sample, series: SeriesState) -> None:
+        if sample.metric == NONFINITE_MESSAGE or (sample.metric != OVERFLOW and not math.isfinite(sample.value)):
+            metric = sample.attr("what", sample.metric) if sample.metric == NONFINITE_MESSAGE else sample.metric
+            nonfinite.append({"metric": metric, "step": _step(sample, series), "line": sample.source.line})
+
+    pipeline.on_accepted = watch
+    stream = LogStream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20)
+    try:
+        now = time.time()
+        pipeline.process(stream.finish(now))  # reads to the end, the last line even without "\n"
+    finally:
+        stream.close()
+    series = list(pipeline.series.values())
+    findings = [{"rule": f.rule, "kind": f.kind, "severity": f.severity, "step": f.step,
+                 "line": f.source.line if f.source else None, "summary": f.annotations.get("summary") or f.summary}
+                for f in pipeline.findings]
+    spikes = [{"metric": f.evidence.get("metric"), "step": f.step, "line": f.source.line if f.source else None,
+               "value": f.value} for f in pipeline.findings if f.kind == "spike"]
+    return {
+        "file": str(path),
+        "format": stream.format,
+        "records": stream.stats.records,
+        "steps": _steps(series),
+        "loss_scale": _loss_scale(series),
+        "overflow_steps": sum(s.overflow_steps for s in series),
+        "nonfinite": nonfinite,
+        "spikes": spikes,
+        "findings": findings,
+    }
+
+
+def _step(sample: Sample, series: SeriesState) -> int | None:
+    return sample.step if sample.step is not None else series.last_step
+
+
+def _steps(series: list[SeriesState]) -> dict[str, int | None]:
+    firsts = [s.first_step for s in series if s.first_step is not None]
+    lasts = [s.last_step for s in series if s.last_step is not None]
+    return {"first": min(firsts) if firsts else None, "last": max(lasts) if lasts else None}
+
+
+def _loss_scale(series: list[SeriesState]) -> dict[str, Any] | None:
+    """One trajectory for the file: a single series as is; several (ranks) merged."""
+    with_scale = [s for s in series if s.scale_first is not None]
+    if not with_scale:
+        return None
+    return {"first": with_scale[0].scale_first,
+            "min": min(s.scale_min for s in with_scale),
+            "last": with_scale[-1].scale_last,
+            "decreases": sum(s.scale_decreases for s in with_scale),
+            "increases": sum(s.scale_increases for s in with_scale)}
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The human-readable replay report."""
+    lines = [f"file:           {r['file']}",
+             f"format:         {r['format'] or 'unknown'}",
+             f"records:        {r['records']}",
+             f"steps:          {r['steps']['first']} .. {r['steps']['last']}"]
+    ls = r["loss_scale"]
+    if ls:
+        lines.append(f"loss scale:     first {ls['first']:g}, min {ls['min']:g}, last {ls['last']:g}; "
+                     f"{ls['decreases']} decrease(s), {ls['increases']} increase(s)")
+    else:
+        lines.append("loss scale:     not printed by this log")
+    lines.append(f"overflow steps: {r['overflow_steps']}")
+    if r["nonfinite"]:
+        first = r["nonfinite"][0]
+        lines.append(f"non-finite:     {len(r['nonfinite'])} value(s); first {first['metric']} at line {first['line']}"
+                     f" (step {first['step']})")
+    else:
+        lines.append("non-finite:     none")
+    if r["spikes"]:
+        lines.append(f"spikes:         {len(r['spikes'])}")
+    lines.append(f"findings:       {len(r['findings'])}")
+    for f in r["findings"][:50]:
+        lines.append(f"  [{f['severity']}] {f['rule']} line {f['line']} step {f['step']}: {f['summary']}")
+    if len(r["findings"]) > 50:
+        lines.append(f"  ... and {len(r['findings']) - 50} more (use --json)")
+    return "\n".join(lines)

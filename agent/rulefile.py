@@ -1,0 +1,289 @@
+"""Rule files: shaped like Prometheus rule files, validated by pydantic, safe to template.
+
+```yaml
+groups:
+  - name: loss-scale
+    rules:
+      - alert: LossScaleAtFloor
+        kind: loss_scale            # which detector judges the data
+        match: {labels: {run: "gpt-.*"}}   # optional: anchored regexes on series labels
+        params: {floor: 1}          # the kind's own parameters, validated by the kind
+        for: 0s
+        labels: {severity: page}
+        annotations:
+          summary: "Loss scale {{ $value }} on {{ $labels.run }}"
+```
+Templates only substitute ``{{ $labels.X }}``, ``{{ $value }}``, ``{{ $step }}``, ``{{ $params.X }}``,
+``{{ $evidence.X }}``, ``{{ $file }}``, ``{{ $line }}`` and ``{{ $alertname }}``: nothing in a rule
+file is ever executed. A bad file is reported with its file, rule and field; the loader keeps the
+last good version of that file.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .config import ConfigError, Duration, check_labels, load_yaml_mapping
+from .detectors import KINDS, Detector
+from .model import Labels, SourcePos
+
+log = logging.getLogger(__name__)
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TEMPLATE_RE = re.compile(r"\{\{\s*\$([A-Za-z_]+)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\s*\}\}")
+_TEMPLATE_ROOTS = {"labels": True, "params": True, "evidence": True,
+                   "value": False, "step": False, "file": False, "line": False, "alertname": False}
+SEVERITIES = ("info", "warning", "ticket", "page", "critical")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Match(_Strict):
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("labels")
+    @classmethod
+    def _regexes(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, pattern in v.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"label {key!r}: invalid regex {pattern!r}: {exc}") from exc
+        return v
+
+
+class RuleSpec(_Strict):
+    alert: str
+    kind: str
+    match: Match = Field(default_factory=Match)
+    params: dict[str, Any] = Field(default_factory=dict)
+    for_: Duration = Field(0.0, alias="for")
+    keep_firing_for: Duration = 0.0
+    resolve_after: Duration | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("alert")
+    @classmethod
+    def _alert_name(cls, v: str) -> str:
+        if not _NAME_RE.match(v):
+            raise ValueError(f"alert name {v!r} must match {_NAME_RE.pattern}")
+        return v
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        if v not in KINDS:
+            raise ValueError(f"unknown rule kind {v!r}; known kinds: {', '.join(sorted(KINDS))}")
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        sev = v.get("severity")
+        if sev is None:
+            raise ValueError("labels.severity is required")
+        if sev not in SEVERITIES:
+            raise ValueError(f"severity {sev!r} must be one of {', '.join(SEVERITIES)}")
+        return check_labels({k: val for k, val in v.items() if k != "severity"}) | {"severity": sev}
+
+    @field_validator("annotations")
+    @classmethod
+    def _templates(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, text in v.items():
+            for m in _TEMPLATE_RE.finditer(text):
+                root, attr = m.group(1), m.group(2)
+                if root not in _TEMPLATE_ROOTS:
+                    raise ValueError(f"annotation {key!r}: unknown template variable ${root}")
+                if _TEMPLATE_ROOTS[root] != (attr is not None):
+                    raise ValueError(f"annotation {key!r}: ${root} " +
+                                     ("needs a field, e.g. ${root}.name" if _TEMPLATE_ROOTS[root] else "takes no field"))
+            if "{{" in _TEMPLATE_RE.sub("", text):
+                raise ValueError(f"annotation {key!r}: unsupported template expression")
+        return v
+
+    @model_validator(mode="after")
+    def _params(self) -> "RuleSpec":
+        KINDS[self.kind].params_model.model_validate(self.params)  # raises with the field name
+        return self
+
+
+class Group(_Strict):
+    name: str
+    rules: list[RuleSpec] = Field(default_factory=list)
+
+
+class RuleFileModel(_Strict):
+    groups: list[Group]
+
+
+def render(template: str, ctx: Mapping[str, Any]) -> str:
+    """Fill a validated annotation template; a missing value renders as an empty string."""
+    def sub(m: re.Match[str]) -> str:
+        root, attr = m.group(1), m.group(2)
+        val = ctx.get(root)
+        if attr is not None:
+            val = val.get(attr) if isinstance(val, Mapping) else None
+        if val is None:
+            return ""
+        if isinstance(val, float):
+            return format(val, ".6g")
+        return str(val)
+    return _TEMPLATE_RE.sub(sub, template)
+
+
+@dataclass
+class Rule:
+    """A validated rule with its own detector instance (detector state is per rule)."""
+
+    spec: RuleSpec
+    file: str
+    group: str
+    detector: Detector
+    matchers: tuple[tuple[str, re.Pattern[str]], ...]
+    resolve_after: float
+    metrics: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def name(self) -> str:
+        return self.spec.alert
+
+    @property
+    def severity(self) -> str:
+        return self.spec.labels["severity"]
+
+    def matches(self, labels: Labels) -> bool:
+        if not self.matchers:
+            return True
+        d = dict(labels)
+        return all(p.fullmatch(d.get(k, "")) for k, p in self.matchers)
+
+    def annotate(self, labels: Labels, value: float | None, step: int | None,
+                 source: SourcePos | None, evidence: Mapping[str, Any]) -> dict[str, str]:
+        ctx = {"labels": dict(labels), "value": value, "step": step, "params": self.detector.params.model_dump(),
+               "evidence": evidence, "file": source.path if source else None,
+               "line": source.line if source else None, "alertname": self.name}
+        return {k: render(v, ctx) for k, v in self.spec.annotations.items()}
+
+
+def build_rule(spec: RuleSpec, file: str, group: str) -> Rule:
+    cls = KINDS[spec.kind]
+    det = cls(cls.params_model.model_validate(spec.params))
+    return Rule(spec, file, group, det,
+                tuple((k, re.compile(v)) for k, v in spec.match.labels.items()),
+                spec.resolve_after if spec.resolve_after is not None else cls.default_resolve_after,
+                det.wanted_metrics())
+
+
+def _error_location(data: Any, loc: tuple[Any, ...]) -> str:
+    """Turn pydantic's location into 'group "g" rule "R": field x.y'."""
+    parts: list[str] = []
+    node = data
+    rest = list(loc)
+    try:
+        if rest[:1] == ["groups"] and len(rest) >= 2:
+            group = node["groups"][rest[1]]
+            parts.append(f'group "{group.get("name", rest[1])}"')
+            rest = rest[2:]
+            if rest[:1] == ["rules"] and len(rest) >= 2:
+                rule = group["rules"][rest[1]]
+                parts.append(f'rule "{rule.get("alert", rest[1])}"')
+                rest = rest[2:]
+    except (KeyError, IndexError, TypeError, AttributeError):
+        pass
+    fieldname = ".".join(str(p) for p in rest if not str(p).startswith("function-")) or "(rule)"
+    return " ".join(parts + [f"field {fieldname}"])
+
+
+def load_rule_file(path: Path) -> list[Rule]:
+    """Parse and validate one rule file; raises ConfigError(file, where, reason)."""
+    data = load_yaml_mapping(path)
+    try:
+        model = RuleFileModel.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        reason = first["msg"].removeprefix("Value error, ")
+        ctx_err = first.get("ctx", {}).get("error")
+        if isinstance(ctx_err, ValidationError):  # a kind's params error, re-raised inside a validator
+            inner = ctx_err.errors()[0]
+            reason = f"params.{'.'.join(map(str, inner['loc']))}: {inner['msg']}"
+        raise ConfigError(str(path), _error_location(data, first["loc"]), reason) from exc
+    rules: list[Rule] = []
+    for group in model.groups:
+        for spec in group.rules:
+            rules.append(build_rule(spec, str(path), group.name))
+    return rules
+
+
+def default_rules_dir() -> Path:
+    return Path(str(resources.files("precision_agent.rules")))
+
+
+def rule_files(dirs: list[Path]) -> list[Path]:
+    """All *.yml / *.yaml files of the given directories (or files), sorted for stable order."""
+    out: list[Path] = []
+    for d in dirs:
+        if d.is_file():
+            out.append(d)
+        elif d.is_dir():
+            out.extend(sorted(p for p in d.iterdir() if p.suffix in (".yml", ".yaml") and p.is_file()))
+        else:
+            raise ConfigError(str(d), "(path)", "rule directory does not exist")
+    return out
+
+
+@dataclass
+class RuleSet:
+    """The rules in force, indexed by metric, with the last good version of every file."""
+
+    by_file: dict[str, list[Rule]] = field(default_factory=dict)
+    errors: dict[str, ConfigError] = field(default_factory=dict)
+    _by_metric: dict[str, list[Rule]] = field(default_factory=dict)
+
+    @property
+    def rules(self) -> list[Rule]:
+        return [r for rules in self.by_file.values() for r in rules]
+
+    def rules_for(self, metric: str) -> list[Rule]:
+        return self._by_metric.get(metric, [])
+
+    def rule(self, name: str) -> list[Rule]:
+        return [r for r in self.rules if r.name == name]
+
+    def reindex(self) -> None:
+        idx: dict[str, list[Rule]] = {}
+        for r in self.rules:
+            for m in r.metrics:
+                idx.setdefault(m, []).append(r)
+        self._by_metric = idx
+
+
+def load_rules(dirs: list[Path], previous: RuleSet | None = None) -> RuleSet:
+    """Load every rule file. A bad file keeps its previous good version (if any) and is
+    reported in ``errors``; unchanged good files keep their detector state."""
+    rs = RuleSet()
+    for path in rule_files(dirs):
+        key = str(path)
+        try:
+            rules = load_rule_file(path)
+        except ConfigError as exc:
+            rs.errors[key] = exc
+            if previous is not None and key in previous.by_file:
+                rs.by_file[key] = previous.by_file[key]
+            continue
+        if previous is not None and key in previous.by_file:
+            old = previous.by_file[key]
+            if [r.spec for r in old] == [r.spec for r in rules]:
+                rules = old  # same rules: keep detector state
+        rs.by_file[key] = rules
+    rs.reindex()
+    return rs

@@ -1,0 +1,149 @@
+"""``/metrics``: a custom collector that renders the agent's state at scrape time.
+
+Built from snapshots rather than global Counter/Gauge objects, so a scrape is consistent,
+series of evicted runs disappear without bookkeeping, and label sets stay bounded by the
+pipeline's ``max_series``. Training series carry only the labels from the watch config plus
+``rank``; never paths, steps or op names.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..health import Health
+from ..model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, Labels
+from ..pipeline import Pipeline
+from .. import __version__
+
+P = "precision_agent_"
+_GAUGES = ((LOSS, "training_loss", "Last training loss read from the log."),
+           (EVAL_LOSS, "training_eval_loss", "Last validation/eval loss read from the log."),
+           (LOSS_SCALE, "training_loss_scale", "Last dynamic loss scale read from the log."),
+           (GRAD_NORM, "training_grad_norm", "Last gradient norm read from the log."),
+           (LEARNING_RATE, "training_learning_rate", "Last learning rate read from the log."))
+
+
+def _keys(label_sets: Iterable[Labels]) -> list[str]:
+    keys: set[str] = set()
+    for labels in label_sets:
+        keys.update(k for k, _ in labels)
+    return sorted(keys)
+
+
+def _values(labels: Labels, keys: list[str]) -> list[str]:
+    d = dict(labels)
+    return [d.get(k, "") for k in keys]
+
+
+class AgentCollector(Collector):
+    def __init__(self, health: Health, pipeline: Pipeline) -> None:
+        self.health = health
+        self.pipeline = pipeline
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._health()
+        with self.pipeline.lock:
+            series = [(s.labels, s.last.copy(), s.last_step, s.overflow_steps, s.scale_decreases,
+                       dict(s.nonfinite), s.records, s.last_update) for s in self.pipeline.series.values()]
+            alerts = [(a.rule, a.state.value, a.labels) for a in self.pipeline.alerts.alerts.values()
+                      if a.state.value != "resolved"]
+            findings = dict(self.pipeline.findings_total)
+            evicted = self.pipeline.evicted_series
+        yield from self._training(series)
+        yield from self._alerts(alerts, findings)
+        c = CounterMetricFamily(P + "series_evicted", "Training series dropped to keep label cardinality bounded.")
+        c.add_metric([], evicted)
+        yield c
+
+    def _health(self) -> Iterator[Metric]:
+        counters, errors, gauges = self.health.snapshot()
+        info = GaugeMetricFamily(P + "build_info", "Build information of the agent.",
+                                 labels=["version", "python_version"])
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+        g = GaugeMetricFamily(P + "start_time_seconds", "Start time of the agent, seconds since epoch.")
+        g.add_metric([], self.health.start_time)
+        yield g
+        g = GaugeMetricFamily(P + "watched_files", "Files currently followed.", labels=["kind"])
+        g.add_metric(["log"], gauges["watched_log_files"])
+        g.add_metric(["dump"], gauges["watched_dump_files"])
+        yield g
+        g = GaugeMetricFamily(P + "rule_files", "Rule files by load state.", labels=["state"])
+        g.add_metric(["ok"], gauges["rule_files_ok"])
+        g.add_metric(["error"], gauges["rule_files_error"])
+        yield g
+        for name, help_ in (("rules_loaded", "Rules in force."),
+                            ("ready", "1 once watches are set up and the agent is processing."),
+                            ("last_commit_timestamp_seconds", "Time of the last state-store commit.")):
+            g = GaugeMetricFamily(P + name, help_)
+            g.add_metric([], gauges[name])
+            yield g
+        for name, help_ in (("log_lines_read", "Complete log lines read."),
+                            ("log_bytes_read", "Log bytes read."),
+                            ("log_records_parsed", "Log records recognised by a parser."),
+                            ("log_lines_truncated", "Log lines cut at limits.max_line_bytes."),
+                            ("log_rotations", "Log rotations (rename) followed."),
+                            ("log_truncations", "Log truncations (copytruncate) followed."),
+                            ("dump_files_scanned", "Tensor-dump files scanned."),
+                            ("watch_events", "File-system events received."),
+                            ("resyncs", "Periodic reconciliation passes over the watched trees."),
+                            ("queue_overflows", "Times the change queue was full and a resync was forced.")):
+            c = CounterMetricFamily(P + name, help_)
+            c.add_metric([], counters[name])
+            yield c
+        c = CounterMetricFamily(P + "rule_reloads", "Rule reloads by result.", labels=["result"])
+        c.add_metric(["success"], counters["rule_reloads_success"])
+        c.add_metric(["failure"], counters["rule_reloads_failure"])
+        yield c
+        c = CounterMetricFamily(P + "errors", "Errors by kind; each also has a log line.", labels=["kind"])
+        for kind, v in errors.items():
+            c.add_metric([kind], v)
+        yield c
+
+    def _training(self, series: list) -> Iterator[Metric]:
+        keys = _keys(s[0] for s in series)
+        for metric, name, help_ in _GAUGES:
+            g = GaugeMetricFamily(P + name, help_, labels=keys)
+            for labels, last, *_ in series:
+                if metric in last:
+                    g.add_metric(_values(labels, keys), last[metric])
+            yield g
+        g = GaugeMetricFamily(P + "training_step", "Last training step seen.", labels=keys)
+        u = GaugeMetricFamily(P + "training_last_update_timestamp_seconds",
+                              "When the agent last read a record of this series.", labels=keys)
+        ov = CounterMetricFamily(P + "training_overflow_steps",
+                                 "Logical overflow (skipped) steps, deduplicated across ranks.", labels=keys)
+        dec = CounterMetricFamily(P + "training_loss_scale_decreases", "Observed loss-scale decreases.",
+                                  labels=keys)
+        rec = CounterMetricFamily(P + "training_records", "Log records read for this series.", labels=keys)
+        nf = CounterMetricFamily(P + "training_nonfinite_values", "NaN/Inf values or messages by metric.",
+                                 labels=keys + ["metric"])
+        for labels, last, step, overflow, decreases, nonfinite, records, updated in series:
+            vals = _values(labels, keys)
+            if step is not None:
+                g.add_metric(vals, step)
+            u.add_metric(vals, updated)
+            ov.add_metric(vals, overflow)
+            dec.add_metric(vals, decreases)
+            rec.add_metric(vals, records)
+            for m in (LOSS, GRAD_NORM):
+                nonfinite.setdefault(m, 0)
+            for m, n in sorted(nonfinite.items()):
+                nf.add_metric(vals + [m], n)
+        yield from (g, u, ov, dec, rec, nf)
+
+    def _alerts(self, alerts: list, findings: dict[str, int]) -> Iterator[Metric]:
+        keys = [k for k in _keys(a[2] for a in alerts) if k not in ("alertname", "alertstate")]
+        g = GaugeMetricFamily(P + "alerts", "Active alerts, in the shape of Prometheus' ALERTS series.",
+                              labels=["alertname", "alertstate"] + keys)
+        for rule, state, labels in alerts:
+            g.add_metric([rule, state] + _values(labels, keys), 1)
+        yield g
+        c = CounterMetricFamily(P + "findings", "Detector findings by rule.", labels=["alertname"])
+        for rule, n in sorted(findings.items()):
+            c.add_metric([rule], n)
+        yield c

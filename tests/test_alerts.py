@@ -1,0 +1,86 @@
+"""Alert lifecycle through the real pipeline: for, resolve_after, clear, keep_firing_for, dedup."""
+
+import textwrap
+
+from precision_agent.model import GRAD_NORM, LOSS_SCALE, AlertState, Sample, SourcePos
+from precision_agent.pipeline import Pipeline
+from precision_agent.rulefile import load_rules
+
+RULES = """
+groups:
+  - name: t
+    rules:
+      - alert: Floor
+        kind: loss_scale
+        params: {floor: 1}
+        for: 10s
+        keep_firing_for: 5s
+        labels: {severity: page}
+        annotations: {summary: "scale {{ $value }}"}
+      - alert: NaN
+        kind: nonfinite
+        resolve_after: 60s
+        labels: {severity: ticket}
+"""
+RUN = (("run", "r1"),)
+
+
+def pipeline(tmp_path):
+    (tmp_path / "r.yml").write_text(textwrap.dedent(RULES))
+    return Pipeline(load_rules([tmp_path]))
+
+
+def sample(metric, value, t, step=1):
+    return Sample(RUN, metric, value, step, SourcePos("x.log", step), t)
+
+
+def states(p):
+    return {a.rule: a.state for a in p.alerts.alerts.values()}
+
+
+def test_for_delays_firing_and_clear_resolves_after_keep_firing_for(tmp_path):
+    p = pipeline(tmp_path)
+    p.process([sample(LOSS_SCALE, 1.0, 100.0)])
+    assert states(p) == {"Floor": AlertState.PENDING}
+    p.tick(105.0)
+    assert states(p) == {"Floor": AlertState.PENDING}
+    p.process([sample(LOSS_SCALE, 0.5, 111.0, 2)])
+    assert states(p) == {"Floor": AlertState.FIRING}
+    (alert,) = p.alerts.alerts.values()
+    assert alert.count == 2 and alert.annotations["summary"] == "scale 1"  # the onset
+    assert alert.finding["latest"]["value"] == 0.5 and alert.finding["step"] == 1
+    assert alert.labels == (("run", "r1"), ("severity", "page"))
+    p.process([sample(LOSS_SCALE, 1024.0, 112.0, 3)])
+    assert states(p) == {"Floor": AlertState.FIRING}  # keep_firing_for: 5s
+    p.tick(118.0)
+    assert states(p) == {"Floor": AlertState.RESOLVED}
+    kinds = [(t.old, t.new) for t in p.alerts.drain_transitions()]
+    assert kinds == [(None, AlertState.PENDING), (AlertState.PENDING, AlertState.FIRING),
+                     (AlertState.FIRING, AlertState.RESOLVED)]
+
+
+def test_pending_that_clears_never_fires(tmp_path):
+    p = pipeline(tmp_path)
+    p.process([sample(LOSS_SCALE, 1.0, 100.0), sample(LOSS_SCALE, 2.0, 101.0, 2)])
+    p.tick(200.0)
+    assert states(p) == {}
+    assert [t.new for t in p.alerts.drain_transitions()] == [AlertState.PENDING, AlertState.RESOLVED]
+
+
+def test_event_alert_fires_once_and_resolves_after_quiet_period(tmp_path):
+    p = pipeline(tmp_path)
+    p.process([sample(GRAD_NORM, float("nan"), 100.0, 1), sample(GRAD_NORM, float("inf"), 101.0, 2)])
+    fired = [t for t in p.alerts.drain_transitions() if t.new == AlertState.FIRING]
+    assert len(fired) == 1 and dict(fired[0].alert.labels)["metric"] == GRAD_NORM
+    p.tick(150.0)
+    assert states(p) == {"NaN": AlertState.FIRING}
+    p.tick(161.5)
+    assert states(p) == {"NaN": AlertState.RESOLVED}
+    p.process([sample(GRAD_NORM, float("nan"), 170.0, 3)])  # a new incident: a new alert
+    assert states(p) == {"NaN": AlertState.FIRING}
+
+
+def test_finite_values_do_not_alert(tmp_path):
+    p = pipeline(tmp_path)
+    assert p.process([sample(GRAD_NORM, 3.0, 100.0), sample(LOSS_SCALE, 65536.0, 100.0)]) == []
+    assert states(p) == {}
