@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if state is None and args.config is None:
         default = Path("/var/lib/precision-agent")
         state = str(default if os.access(default if default.exists() else default.parent, os.W_OK)
-                    else default_state_dir(Path.cwd()))
+                    else default_state_dir())
     overrides["state_dir"] = state
     try:
         config = load_config(Path(args.config) if args.config else None, overrides)

@@ -200,8 +200,19 @@ class Agent:
                 touched.add(path)
                 if st.bytes - before[1] >= self.config.limits.read_budget_bytes:
                     self.queue.put(path)  # more to read: come back after the others had a turn
+        self._limit_open_files(paths)
         self.health.set("watched_log_files", len(self.streams))
         return touched
+
+    def _limit_open_files(self, just_read: dict[str, None]) -> None:
+        """Close the descriptors of the least recently read files beyond limits.max_open_files;
+        a closed tailer keeps its position and reopens (checking the inode) on its next read."""
+        for path in just_read:
+            if path in self.streams:
+                self.streams[path] = self.streams.pop(path)  # most recently read last
+        open_ = [p for p, s in self.streams.items() if s.tailer.is_open]
+        for path in open_[:max(0, len(open_) - self.config.limits.max_open_files)]:
+            self.streams[path].tailer.close()
 
     def _open(self, path: str) -> LogStream | None:
         watch = watch_for(self.config.watches, path)
@@ -329,7 +340,7 @@ class Agent:
             "counters": counters, "errors": errors}
 
 
-def default_state_dir(config_dir: Path) -> Path:
+def default_state_dir() -> Path:
     """Where state goes when none was configured and the system default is not writable."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "precision-agent"

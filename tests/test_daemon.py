@@ -92,3 +92,20 @@ def test_hostile_files_do_not_stop_the_agent(dirs):
     finally:
         sub.chmod(0o755)
         agent.stop()
+
+
+def test_open_descriptors_stay_bounded(dirs):
+    logs, state = dirs
+    cfg = state.parent / "agent.yml"
+    cfg.write_text("limits: {max_open_files: 4}\n")
+    agent = AgentProcess(logs, state, "--config", str(cfg)).start()
+    try:
+        for i in range(12):
+            write_megatron(logs / f"rank{i}.log", 1, 2)
+        wait_for(lambda: agent.metric("precision_agent_log_lines_read_total") == 24, what="all 12 files read")
+        fds = [os.readlink(f"/proc/{agent.proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{agent.proc.pid}/fd")]
+        assert len([f for f in fds if f.endswith(".log")]) <= 4, fds
+        write_megatron(logs / "rank0.log", 3, 3)  # a closed file is reopened at its saved position
+        wait_for(lambda: agent.metric("precision_agent_log_lines_read_total") == 25, what="append after close")
+    finally:
+        agent.stop()

@@ -153,6 +153,11 @@ class LogTailer:
         events, self._events = self._events, []
         return events
 
+    @property
+    def is_open(self) -> bool:
+        """Whether a file descriptor is held (the daemon bounds how many are)."""
+        return self._fd is not None
+
     def close(self) -> None:
         """Release the fd; a later read() reopens from the current position."""
         self._pending = self.position

@@ -11,7 +11,6 @@ import fnmatch
 import logging
 import os
 import warnings
-from pathlib import Path
 from typing import Callable, Iterator
 
 from watchdog.events import (DirCreatedEvent, DirMovedEvent, FileClosedEvent, FileCreatedEvent,
@@ -54,6 +53,8 @@ def watch_for(watches: list[Watch], path: str) -> Watch | None:
 def walk(watch: Watch, limit: int) -> Iterator[str]:
     """Files of a watch, found by listing the tree (at most ``limit``); unreadable dirs skipped."""
     root = str(watch.path)
+    if not os.path.exists(root):  # the job may not have created it yet
+        return
     if os.path.isfile(root):
         yield root
         return
@@ -148,6 +149,3 @@ class TreeWatcher:
         except RuntimeError:
             pass
 
-
-def existing_roots(watches: list[Watch]) -> list[Path]:
-    return [w.path for w in watches if w.path.exists()]
