@@ -12,7 +12,7 @@ from collections import OrderedDict
 from typing import Callable, Iterable
 
 from .alerts import AlertBook
-from .detectors import Clear, Hit
+from .detectors import Clear, Detector, Hit
 from .model import Finding, Labels, Sample
 from .rulefile import Rule, RuleSet
 from .series import SeriesState
@@ -38,6 +38,8 @@ class Pipeline:
         with self.lock:
             self.rules = rules
             self._rules_by_name = {r.name: r for r in rules.rules}
+            # only kinds that override tick() are asked every evaluation interval
+            self._tick_rules = [r for r in rules.rules if type(r.detector).tick is not Detector.tick]
             for r in rules.rules:
                 self.findings_total.setdefault(r.name, 0)
 
@@ -64,12 +66,17 @@ class Pipeline:
                     for rule in self.rules.rules_for(accepted.metric):
                         if not rule.matches(accepted.labels):
                             continue
-                        signal = rule.detector.observe(accepted, series)
-                        if isinstance(signal, Hit):
-                            out.append(self._finding(rule, signal, accepted.time))
-                        elif isinstance(signal, Clear):
-                            self.alerts.clear(rule, _alert_labels(signal.labels, rule), accepted.time)
+                        f = self._signal(rule, rule.detector.observe(accepted, series), accepted.time)
+                        if f is not None:
+                            out.append(f)
         return out
+
+    def _signal(self, rule: Rule, signal: Hit | Clear | None, now: float) -> Finding | None:
+        if isinstance(signal, Hit):
+            return self._finding(rule, signal, now)
+        if isinstance(signal, Clear):
+            self.alerts.clear(rule, _alert_labels(signal.labels, rule), now)
+        return None
 
     def _finding(self, rule: Rule, hit: Hit, now: float) -> Finding:
         labels = _alert_labels(hit.labels, rule)
@@ -85,6 +92,10 @@ class Pipeline:
 
     def tick(self, now: float) -> None:
         with self.lock:
+            for rule in self._tick_rules:
+                for series in self.series.values():
+                    if rule.matches(series.labels):
+                        self._signal(rule, rule.detector.tick(now, series), now)
             self.alerts.tick(self._rules_by_name, now)
 
 

@@ -113,11 +113,15 @@ class SeriesState:
         if frm is not None:
             lt = self._last_transition
             if (lt is not None and not self._progress_since_transition and lt[0] == frm and lt[1] == s.value
-                    and self.scale_last == s.value and not _far_apart(lt[2], s.log_time)):
+                    and self.scale_last == s.value and not far_apart(lt[2], s.log_time)):
                 return False  # another rank's copy of the transition just seen
             self._last_transition = (frm, s.value, s.log_time)
             self._progress_since_transition = False
             self._observe_scale(frm)
+        elif s.attr("decrease") and self.scale_last is None:
+            # "reducing loss scale to X" with no earlier value seen: the message itself
+            # proves a decrease happened (apex, fairseq, torch_npu print only the new value)
+            self.scale_decreases += 1
         self._observe_scale(s.value)
         self.last[LOSS_SCALE] = s.value
         return True
@@ -138,7 +142,7 @@ class SeriesState:
                "log_time": s.log_time}
         prev, self._last_overflow = self._last_overflow, cur
         fresh, self._progress_since_overflow = self._progress_since_overflow, False
-        if prev is None or fresh or _far_apart(prev["log_time"], s.log_time):
+        if prev is None or fresh or far_apart(prev["log_time"], s.log_time):
             return False
         for key in ("step", "frm", "to", "variant"):
             if prev[key] is not None and cur[key] is not None and prev[key] != cur[key]:
@@ -160,5 +164,5 @@ class SeriesState:
         return st
 
 
-def _far_apart(a: float | None, b: float | None) -> bool:
+def far_apart(a: float | None, b: float | None) -> bool:
     return a is not None and b is not None and abs(a - b) > DUP_WINDOW_S

@@ -62,3 +62,9 @@ class Detector(abc.ABC, Generic[P]):
     @abc.abstractmethod
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
         """Judge one accepted sample of ``series``."""
+
+    def tick(self, now: float, series: SeriesState) -> Hit | Clear | None:
+        """Judge ``series`` when no sample arrived (e.g. "no new step for 10 minutes").
+        Called every evaluation interval for each series the rule matches; most kinds need
+        nothing here."""
+        return None

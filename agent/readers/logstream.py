@@ -7,13 +7,18 @@ Both therefore read, normalise and parse with exactly the same code.
 from __future__ import annotations
 
 import time as _time
+from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
 from ..model import Sample, SourcePos, make_labels
-from .parsers import Block, CompositeParser
+from ..series import far_apart
+from .parsers import Block, CompositeParser, Record
 from .parsers.base import strip_ansi
 from .tailer import LogTailer, TailPosition, TextBlock
+
+
+DUP_RECORDS = 32  # how far back (records and lines) a copy of a record is recognised
 
 
 @dataclass
@@ -22,6 +27,7 @@ class StreamStats:
     bytes: int = 0
     records: int = 0
     truncated_lines: int = 0
+    duplicates: int = 0
 
 
 class LogStream:
@@ -35,6 +41,7 @@ class LogStream:
                                 max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
         self.stats = StreamStats()
         self._labels_cache: dict[str | None, tuple[tuple[str, str], ...]] = {}
+        self._recent: deque[tuple[tuple[str, str], int, float | None]] = deque(maxlen=DUP_RECORDS)
 
     @property
     def format(self) -> str | None:
@@ -71,6 +78,18 @@ class LogStream:
             lab = self._labels_cache[rank] = make_labels(self.base_labels | extra)
         return lab
 
+    def _duplicate(self, rec: Record, text: str) -> bool:
+        """The same record printed again by another rank or log handler: same producer, same text
+        from the record's start to the end of its line, a few lines apart and (where lines are
+        stamped) at the same moment. Prefixes such as timestamps and ranks are not compared."""
+        end = text.find("\n", rec.pos)
+        key = (rec.producer, text[rec.pos:end if end >= 0 else len(text)].rstrip())
+        for k, line, t in self._recent:
+            if k == key and rec.line - line <= DUP_RECORDS and not far_apart(t, rec.log_time):
+                return True
+        self._recent.append((key, rec.line, rec.log_time))
+        return False
+
     def _samples(self, blocks: list[TextBlock], now: float | None) -> list[Sample]:
         out: list[Sample] = []
         t = _time.time() if now is None else now
@@ -79,9 +98,14 @@ class LogStream:
             self.stats.bytes += tb.end_offset - tb.start_offset
             self.stats.truncated_lines += tb.truncated_lines
             # ANSI colour codes never contain a newline, so stripping keeps line numbers exact
-            records = self.parser.parse(Block(strip_ansi(tb.text), tb.first_line))
+            block = Block(strip_ansi(tb.text), tb.first_line)
+            records = self.parser.parse(block)
             self.stats.records += len(records)
+            text = block.text
             for rec in records:
+                if self._duplicate(rec, text):
+                    self.stats.duplicates += 1
+                    continue
                 labels = self._labels(rec.rank)
                 src = SourcePos(self.path, rec.line)
                 for metric, value, attrs in rec.values:

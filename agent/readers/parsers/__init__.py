@@ -1,16 +1,33 @@
 """Per-producer log parsers and the registry that picks them per file.
 
-Adding a producer = one module with a ``Parser`` subclass, listed in ``PARSERS``. Order is
-priority: when two parsers claim the same line, the earlier one wins.
+Adding a producer = adding one module to this package with a ``Parser`` subclass; it is found
+at import. ``Parser.priority`` orders them: when two parsers claim the same line, the one with
+the lower priority number wins (specific producers before generic fallbacks).
 """
 
 from __future__ import annotations
 
-from .base import Block, Parser, Record
-from .deepspeed import DeepSpeedParser
-from .megatron import MegatronParser
+import importlib
+import pkgutil
 
-PARSERS: tuple[type[Parser], ...] = (MegatronParser, DeepSpeedParser)
+from .base import Block, Parser, Record
+
+
+def _discover() -> tuple[type[Parser], ...]:
+    for mod in pkgutil.iter_modules(__path__):
+        if mod.name != "base" and not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
+    found: dict[str, type[Parser]] = {}
+    stack = list(Parser.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if getattr(cls, "name", None) and not getattr(cls, "__abstractmethods__", None):
+            found[cls.name] = cls
+    return tuple(sorted(found.values(), key=lambda c: (c.priority, c.name)))
+
+
+PARSERS: tuple[type[Parser], ...] = _discover()
 FORMATS: tuple[str, ...] = tuple(p.name for p in PARSERS)
 
 

@@ -120,6 +120,7 @@ class Parser(abc.ABC):
 
     name: ClassVar[str]
     keywords: ClassVar[tuple[str, ...]]
+    priority: ClassVar[int] = 50  # lower wins a line two parsers claim; generic fallbacks use 90+
 
     def wants(self, text: str) -> bool:
         return any(k in text for k in self.keywords)

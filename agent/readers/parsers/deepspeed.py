@@ -25,6 +25,7 @@ _RE = re.compile(
 
 class DeepSpeedParser(Parser):
     name = "deepspeed"
+    priority = 20
     keywords = ("loss scale", "step=", "Grad overflow")
 
     def parse(self, block: Block) -> list[Record]:

@@ -23,6 +23,7 @@ def _fields(rest: str) -> dict[str, str]:
 
 class MegatronParser(Parser):
     name = "megatron"
+    priority = 10
     keywords = ("iteration",)
 
     def parse(self, block: Block) -> list[Record]:
