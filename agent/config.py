@@ -94,6 +94,14 @@ class Watch(_Strict):
 
     _check_labels = field_validator("labels")(check_labels)
 
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, v: str) -> str:
+        from .readers.parsers import FORMATS  # parsers are discovered at import
+        if v != "auto" and v not in FORMATS:
+            raise ValueError(f"unknown log format {v!r}; known: auto, {', '.join(FORMATS)}")
+        return v
+
 
 class Limits(_Strict):
     """Resource limits: the training job's cycles come first."""
@@ -120,6 +128,14 @@ class Config(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     watches: list[Watch] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("rule_dirs")
+    @classmethod
+    def _rule_dirs_exist(cls, v: list[Path]) -> list[Path]:
+        for p in v:
+            if not p.exists():
+                raise ValueError(f"rule directory {str(p)!r} does not exist")
+        return v
 
     @field_validator("listen")
     @classmethod

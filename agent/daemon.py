@@ -69,6 +69,11 @@ class Agent:
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         lower_priority(self.config.limits.nice, self.config.limits.io_idle)  # before threads start
+        for w in self.config.watches:
+            if w.kind == "dump":
+                log.warning("%s: dump watches are accepted but not scanned by this version", w.path)
+            elif not w.path.exists():
+                log.warning("%s does not exist yet; it will be picked up when it appears", w.path)
         self._load_state()
         self.reload_rules(initial=True)
         self.http.start()
@@ -100,16 +105,16 @@ class Agent:
         return 0
 
     def shutdown(self) -> None:
+        try:
+            self.scheduler.shutdown(wait=False)  # no watchdog pings after STOPPING
+        except Exception:  # scheduler not started
+            pass
         sd_notify("STOPPING=1")
         log.info("stopping")
         self.stop_event.set()
         self.queue.wake()
         if self._worker is not None:
             self._worker.join(timeout=30)
-        try:
-            self.scheduler.shutdown(wait=False)
-        except Exception:  # scheduler not started
-            pass
         self.watcher.stop()
         self.http.stop()
         for s in self.streams.values():
@@ -181,6 +186,7 @@ class Agent:
         for path in paths:
             if self.stop_event.is_set():
                 break
+            self.heartbeat = time.monotonic()  # a long catch-up pass is progress, not a hang
             stream = self.streams.get(path) or self._open(path)
             if stream is None:
                 continue
@@ -281,9 +287,10 @@ class Agent:
     def reload_rules(self, initial: bool = False) -> None:
         try:
             rules = load_rules(self.rule_dirs, None if initial else self.pipeline.rules)
-        except ConfigError as exc:
-            self.health.error("rule_file", "%s", exc)
+        except ConfigError as exc:  # e.g. a rule directory vanished: keep the rules in force
+            self.health.error("rule_file", "%s (keeping the rules in force)", exc)
             self.health.inc("rule_reloads_failure")
+            self._rule_mtimes = self._rule_file_mtimes()  # report once, not at every resync
             return
         for err in rules.errors.values():
             self.health.error("rule_file", "%s (keeping the last good version, if any)", err)

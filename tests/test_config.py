@@ -66,3 +66,15 @@ def test_flags_override_file(tmp_path):
     path.write_text("listen: 127.0.0.1:1234\nwatches: [{path: /a}]\n")
     c = load_config(path, {"listen": "127.0.0.1:4321", "watches": [{"path": "/b"}]})
     assert c.listen == "127.0.0.1:4321" and [str(w.path) for w in c.watches] == ["/a", "/b"]
+
+
+def test_unknown_format_and_missing_rule_dir_fail_at_load(tmp_path):
+    path = tmp_path / "agent.yml"
+    path.write_text("watches: [{path: /x, format: bogus}]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.field == "watches.0.format" and "unknown log format" in err.value.reason
+    path.write_text(f"rule_dirs: [{tmp_path / 'nope'}]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.field == "rule_dirs" and "does not exist" in err.value.reason
