@@ -125,6 +125,7 @@ class Config(_Strict):
     resync_interval: Duration = 30.0
     evaluation_interval: Duration = 1.0
     debounce: Duration = 0.05
+    series_ttl: Duration = 86400.0  # forget a run's series this long after its last record
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     watches: list[Watch] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)

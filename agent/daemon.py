@@ -54,6 +54,7 @@ class Agent:
         self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series)
         self._rule_mtimes: dict[str, float] = {}
         self._forget: set[str] = set()  # offsets to delete at the next commit
+        self._expired: list = []          # series to delete at the next commit
         self.heartbeat = time.monotonic()
         self._worker: threading.Thread | None = None
         self.scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
@@ -149,7 +150,9 @@ class Agent:
                 if batch.resync:
                     paths += self._resync()
                 touched = self._read(dict.fromkeys(paths))
-                self.pipeline.tick(time.time())
+                now = time.time()
+                self._expired.extend(self.pipeline.expire(now, self.config.series_ttl))
+                self.pipeline.tick(now)
                 self._emit_transitions()
                 self._commit(touched)
             except Exception:  # never let one bad batch kill the agent
@@ -265,7 +268,8 @@ class Agent:
     def _commit(self, touched: set[str]) -> None:
         book = self.pipeline.alerts
         offsets = {p: self.streams[p].position for p in touched if p in self.streams and self.streams[p].position}
-        if not (offsets or book.dirty or book.deleted or self.pipeline.dirty_series or self._forget):
+        if not (offsets or book.dirty or book.deleted or self.pipeline.dirty_series or self._forget
+                or self._expired):
             return
         with self.pipeline.lock:
             alerts = [book.alerts[f] for f in book.dirty if f in book.alerts]
@@ -273,12 +277,13 @@ class Agent:
             self.pipeline.dirty_series.clear()
         try:
             self.store.commit(offsets=offsets, alerts=alerts, deleted_alerts=book.deleted, series=series,
-                              forget_offsets=self._forget)
+                              forget_offsets=self._forget, forget_series=self._expired)
         except StateError as exc:
             self.health.error("state", "could not save state (will retry): %s", exc)
             return
         self.offsets.update(offsets)
         self._forget.clear()
+        self._expired.clear()
         book.dirty.clear()
         book.deleted.clear()
         self.health.set("last_commit_timestamp_seconds", time.time())

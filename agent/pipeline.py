@@ -90,6 +90,16 @@ class Pipeline:
             self.findings.append(f)
         return f
 
+    def expire(self, now: float, ttl: float) -> list[Labels]:
+        """Forget series without a record for ``ttl`` seconds (finished runs), so their
+        metrics disappear and stale-series alerts end; their alerts resolve as usual."""
+        with self.lock:
+            old = [k for k, s in self.series.items() if s.last_update and now - s.last_update > ttl]
+            for k in old:
+                del self.series[k]
+                self.dirty_series.discard(k)
+            return old
+
     def tick(self, now: float) -> None:
         with self.lock:
             for rule in self._tick_rules:

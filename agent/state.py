@@ -81,7 +81,7 @@ class StateStore:
     # -- writes ------------------------------------------------------------------------------
     def commit(self, *, offsets: dict[str, TailPosition] | None = None, alerts: Iterable[Alert] = (),
                deleted_alerts: Iterable[str] = (), series: Iterable[SeriesState] = (),
-               forget_offsets: Iterable[str] = ()) -> None:
+               forget_offsets: Iterable[str] = (), forget_series: Iterable[Labels] = ()) -> None:
         now = time.time()
         try:
             self.db.execute("BEGIN IMMEDIATE")
@@ -100,6 +100,8 @@ class StateStore:
                 self.db.executemany(
                     "INSERT OR REPLACE INTO series VALUES (?,?,?)",
                     [(_dump_labels(s.labels), json.dumps(s.to_dict()), s.last_update) for s in series])
+                self.db.executemany("DELETE FROM series WHERE labels=?",
+                                    [(_dump_labels(k),) for k in forget_series])
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")

@@ -119,7 +119,8 @@ class AgentCollector(Collector):
                                  "Logical overflow (skipped) steps, deduplicated across ranks.", labels=keys)
         dec = CounterMetricFamily(P + "training_loss_scale_decreases", "Observed loss-scale decreases.",
                                   labels=keys)
-        rec = CounterMetricFamily(P + "training_records", "Log records read for this series.", labels=keys)
+        rec = CounterMetricFamily(P + "training_samples", "Values read for this series (a record holds several).",
+                                  labels=keys)
         nf = CounterMetricFamily(P + "training_nonfinite_values", "NaN/Inf values or messages by metric.",
                                  labels=keys + ["metric"])
         for labels, last, step, overflow, decreases, nonfinite, records, updated in series:

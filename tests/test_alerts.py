@@ -84,3 +84,11 @@ def test_finite_values_do_not_alert(tmp_path):
     p = pipeline(tmp_path)
     assert p.process([sample(GRAD_NORM, 3.0, 100.0), sample(LOSS_SCALE, 65536.0, 100.0)]) == []
     assert states(p) == {}
+
+
+def test_finished_series_expire(tmp_path):
+    p = pipeline(tmp_path)
+    p.process([sample(LOSS_SCALE, 1024.0, 100.0)])
+    p.process([Sample((("run", "r2"),), LOSS_SCALE, 2048.0, 1, SourcePos("y.log", 1), 5000.0)])
+    assert p.expire(5050.0, ttl=3600.0) == [RUN]
+    assert list(p.series) == [(("run", "r2"),)]

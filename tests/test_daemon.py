@@ -46,7 +46,7 @@ def test_alert_fires_survives_restart_without_refiring_or_losing_lines(dirs):
         assert agent.stderr().count("alert LossScaleAtFloor FIRING") == 1
         assert agent2.stderr().count("alert LossScaleAtFloor FIRING") == 0  # not re-fired after restart
         # the series summary survived too: counters continue rather than restart from zero
-        assert agent2.metric("precision_agent_training_records_total") > 55
+        assert agent2.metric("precision_agent_training_samples_total") > 55
         write_megatron(log, 61, 62, scale="2048.0")  # the scale recovers: the state-like alert resolves
         wait_for(lambda: agent2.metric("precision_agent_alerts", alertname="LossScaleAtFloor") is None,
                  what="alert resolved")
