@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 import signal
 import threading
 import time
@@ -54,6 +55,8 @@ class Agent:
         self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series)
         self._rule_mtimes: dict[str, float] = {}
         self._forget: set[str] = set()  # offsets to delete at the next commit
+        self._open_lru: OrderedDict[str, None] = OrderedDict()  # streams holding a descriptor
+        self._refused: set[str] = set()  # files not followed because of limits.max_files
         self._expired: list = []          # series to delete at the next commit
         self.heartbeat = time.monotonic()
         self._worker: threading.Thread | None = None
@@ -165,24 +168,39 @@ class Agent:
         self._commit(set(self.streams))
 
     def _resync(self) -> list[str]:
+        """Paths that may have changed, derived from the file system itself: new files, and
+        followed files whose inode or size differs from what was read (a missed event)."""
         self.health.inc("resyncs")
         self.watcher.schedule_missing()
         self._check_rule_files()
-        found: list[str] = []
+        candidates: dict[str, None] = {}
         for w in self.config.watches:
             if w.kind == "log":
-                found.extend(walk(w, self.config.limits.max_files))
-        # also poll the streams we follow (a missed append event, a rotation); a file that is
-        # gone is read to its end one last time and then forgotten
-        for path, stream in list(self.streams.items()):
-            if not os.path.exists(path):
-                self._read({path: None})
-                stream.close()
-                del self.streams[path]
-                self.offsets.pop(path, None)
-                self._forget.add(path)
-                log.info("%s is gone; stopped following it", path)
-        return found + [p for p in self.streams if p not in found]
+                candidates.update(dict.fromkeys(walk(w, self.config.limits.max_files)))
+        candidates.update(dict.fromkeys(self.streams))
+        changed: list[str] = []
+        for path in candidates:
+            stream = self.streams.get(path)
+            try:
+                st = os.stat(path)
+            except OSError:
+                if stream is not None:  # gone: read it to its end one last time, then forget it
+                    self._read({path: None})
+                    self._drop_stream(path)
+                    log.info("%s is gone; stopped following it", path)
+                continue
+            pos = stream.position if stream is not None else None
+            if pos is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino) and st.st_size == pos.offset:
+                continue  # unchanged since we read it: no need to open it again
+            changed.append(path)
+        return changed
+
+    def _drop_stream(self, path: str) -> None:
+        stream = self.streams.pop(path)
+        stream.close()
+        self._open_lru.pop(path, None)
+        self.offsets.pop(path, None)
+        self._forget.add(path)
 
     def _read(self, paths: dict[str, None]) -> set[str]:
         touched: set[str] = set()
@@ -216,20 +234,26 @@ class Agent:
     def _limit_open_files(self, just_read: dict[str, None]) -> None:
         """Close the descriptors of the least recently read files beyond limits.max_open_files;
         a closed tailer keeps its position and reopens (checking the inode) on its next read."""
+        lru = self._open_lru
         for path in just_read:
+            stream = self.streams.get(path)
+            if stream is not None and stream.tailer.is_open:
+                lru.pop(path, None)
+                lru[path] = None  # most recently read last
+        while len(lru) > self.config.limits.max_open_files:
+            path, _ = lru.popitem(last=False)
             if path in self.streams:
-                self.streams[path] = self.streams.pop(path)  # most recently read last
-        open_ = [p for p, s in self.streams.items() if s.tailer.is_open]
-        for path in open_[:max(0, len(open_) - self.config.limits.max_open_files)]:
-            self.streams[path].tailer.close()
+                self.streams[path].tailer.close()
 
     def _open(self, path: str) -> LogStream | None:
         watch = watch_for(self.config.watches, path)
         if watch is None or watch.kind != "log" or not os.path.isfile(path):
             return None
         if len(self.streams) >= self.config.limits.max_files:
-            self.health.error("watch", "not following %s: limits.max_files=%d reached", path,
-                              self.config.limits.max_files)
+            if path not in self._refused:  # say it once per file, not at every event
+                self._refused.add(path)
+                self.health.error("watch", "not following %s: limits.max_files=%d reached", path,
+                                  self.config.limits.max_files)
             return None
         labels = dict(watch.labels)
         try:

@@ -1,0 +1,6 @@
+"""Benchmarks of the real precision-agent process (speed lives here, never in tests/).
+
+``python -m bench`` (or ``make bench``) runs them all; see bench/README.md.
+"""
+
+BENCHES = ("latency", "idle")
