@@ -7,7 +7,6 @@ Both therefore read, normalise and parse with exactly the same code.
 from __future__ import annotations
 
 import time as _time
-from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -18,7 +17,7 @@ from .parsers.base import strip_ansi
 from .tailer import LogTailer, TailPosition, TextBlock
 
 
-DUP_RECORDS = 32  # how far back (records and lines) a copy of a record is recognised
+DUP_RECORDS = 32  # how many lines after the original a copy is still recognised
 
 
 @dataclass
@@ -41,7 +40,8 @@ class LogStream:
                                 max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
         self.stats = StreamStats()
         self._labels_cache: dict[str | None, tuple[tuple[str, str], ...]] = {}
-        self._recent: deque[tuple[tuple[str, str], int, float | None]] = deque(maxlen=DUP_RECORDS)
+        self._last: dict[str, tuple[str, int, float | None]] = {}  # producer -> last record
+        self._generation: tuple[int, int] | None = None
 
     @property
     def format(self) -> str | None:
@@ -79,21 +79,25 @@ class LogStream:
         return lab
 
     def _duplicate(self, rec: Record, text: str) -> bool:
-        """The same record printed again by another rank or log handler: same producer, same text
-        from the record's start to the end of its line, a few lines apart and (where lines are
-        stamped) at the same moment. Prefixes such as timestamps and ranks are not compared."""
+        """The same record printed again by another rank or log handler: the same text (from
+        the record's start to the end of its line) as the *previous* record of the same
+        producer, at most DUP_RECORDS lines later and, where lines are stamped, at the same
+        moment. Prefixes such as timestamps and ranks are not compared; an identical record
+        after a different one of the same producer is a genuine repeat, not a copy."""
         end = text.find("\n", rec.pos)
-        key = (rec.producer, text[rec.pos:end if end >= 0 else len(text)].rstrip())
-        for k, line, t in self._recent:
-            if k == key and rec.line - line <= DUP_RECORDS and not far_apart(t, rec.log_time):
-                return True
-        self._recent.append((key, rec.line, rec.log_time))
-        return False
+        key = text[rec.pos:end if end >= 0 else len(text)].rstrip()
+        prev = self._last.get(rec.producer)
+        self._last[rec.producer] = (key, rec.line, rec.log_time)
+        return (prev is not None and prev[0] == key and 0 <= rec.line - prev[1] <= DUP_RECORDS
+                and not far_apart(prev[2], rec.log_time))
 
     def _samples(self, blocks: list[TextBlock], now: float | None) -> list[Sample]:
         out: list[Sample] = []
         t = _time.time() if now is None else now
         for tb in blocks:
+            if tb.generation != self._generation:  # rotation/truncation: line numbers restart
+                self._generation = tb.generation
+                self._last.clear()
             self.stats.lines += tb.n_lines
             self.stats.bytes += tb.end_offset - tb.start_offset
             self.stats.truncated_lines += tb.truncated_lines

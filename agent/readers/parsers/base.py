@@ -67,7 +67,9 @@ class Block:
         return self.first_line + bisect.bisect_left(self._newlines(), pos)
 
     def line_start(self, pos: int) -> int:
-        return self.text.rfind("\n", 0, pos) + 1
+        nl = self._newlines()
+        i = bisect.bisect_left(nl, pos)
+        return nl[i - 1] + 1 if i else 0
 
     def rank_at(self, pos: int) -> str | None:
         """Rank from a stream prefix such as torchrun's ``[rank3]:`` at the start of the line."""
