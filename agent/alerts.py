@@ -33,11 +33,13 @@ class AlertBook:
         self._cleared: dict[str, float] = {}  # fingerprint -> time the condition stopped
 
     # -- inputs ------------------------------------------------------------------------------
-    def hit(self, rule: Rule, finding: Finding) -> Alert:
+    def hit(self, rule: Rule, finding: Finding) -> tuple[Alert, bool]:
+        """Record a hit; returns the alert and whether this hit opened it (an onset)."""
         fp = fingerprint(rule.name, finding.labels)
         now = finding.time
         a = self.alerts.get(fp)
-        if a is None or a.state == AlertState.RESOLVED:
+        onset = a is None or a.state == AlertState.RESOLVED
+        if onset:
             a = Alert(fp, rule.name, finding.labels, AlertState.PENDING, now, now,
                       annotations=dict(finding.annotations), finding=finding.to_json(), count=0)
             self.alerts[fp] = a
@@ -51,7 +53,7 @@ class AlertBook:
         self._cleared.pop(fp, None)
         self.dirty.add(fp)
         self._promote(a, rule, now)
-        return a
+        return a, onset
 
     def clear(self, rule: Rule, labels: Labels, now: float) -> None:
         fp = fingerprint(rule.name, labels)

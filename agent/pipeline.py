@@ -78,14 +78,16 @@ class Pipeline:
             self.alerts.clear(rule, _alert_labels(signal.labels, rule), now)
         return None
 
-    def _finding(self, rule: Rule, hit: Hit, now: float) -> Finding:
+    def _finding(self, rule: Rule, hit: Hit, now: float) -> Finding | None:
         labels = _alert_labels(hit.labels, rule)
         f = Finding(rule=rule.name, kind=rule.spec.kind, severity=rule.severity, labels=labels,
                     summary=hit.message, time=now, step=hit.step, source=hit.source, value=hit.value,
                     evidence=hit.evidence,
                     annotations=rule.annotate(labels, hit.value, hit.step, hit.source, hit.evidence))
+        _alert, onset = self.alerts.hit(rule, f)
+        if rule.detector.stateful and not onset:
+            return None  # a state that still holds (scale still at the floor) is not a new finding
         self.findings_total[rule.name] = self.findings_total.get(rule.name, 0) + 1
-        self.alerts.hit(rule, f)
         if self.keep_findings and len(self.findings) < self.keep_findings:
             self.findings.append(f)
         return f

@@ -41,6 +41,7 @@ class LogStream:
         self.stats = StreamStats()
         self._labels_cache: dict[str | None, tuple[tuple[str, str], ...]] = {}
         self._last: dict[str, tuple[str, int, float | None]] = {}  # producer -> last record
+        self._no_copies = {p.name for p in self.parser.parsers if not p.copies}
         self._generation: tuple[int, int] | None = None
 
     @property
@@ -84,6 +85,8 @@ class LogStream:
         producer, at most DUP_RECORDS lines later and, where lines are stamped, at the same
         moment. Prefixes such as timestamps and ranks are not compared; an identical record
         after a different one of the same producer is a genuine repeat, not a copy."""
+        if rec.producer in self._no_copies:
+            return False
         end = text.find("\n", rec.pos)
         key = text[rec.pos:end if end >= 0 else len(text)].rstrip()
         prev = self._last.get(rec.producer)

@@ -31,6 +31,9 @@ PARSERS: tuple[type[Parser], ...] = _discover()
 FORMATS: tuple[str, ...] = tuple(p.name for p in PARSERS)
 
 
+FALLBACK_PRIORITY = 90  # parsers at or above this priority are generic fallbacks
+
+
 class UnknownFormat(ValueError):
     pass
 
@@ -52,10 +55,14 @@ class CompositeParser:
         self.parsers: list[Parser] = [cls() for cls in classes]
         self.fixed = fmt != "auto"
         self.counts: dict[str, int] = {p.name: 0 for p in self.parsers}
+        self._specific: dict[str, bool] = {p.name: p.priority < FALLBACK_PRIORITY for p in self.parsers}
 
     @property
     def format(self) -> str | None:
-        best = max(self.counts.items(), key=lambda kv: kv[1], default=(None, 0))
+        # a generic fallback (user prints, JSON lines) names the format only when no specific
+        # producer matched: DeepSpeed's messages make a DeepSpeed log even among many user prints
+        best = max(self.counts.items(), key=lambda kv: (kv[1] > 0 and self._specific[kv[0]], kv[1]),
+                   default=(None, 0))
         return best[0] if best[1] > 0 else None
 
     def parse(self, block: Block) -> list[Record]:

@@ -123,6 +123,9 @@ class Parser(abc.ABC):
     name: ClassVar[str]
     keywords: ClassVar[tuple[str, ...]]
     priority: ClassVar[int] = 50  # lower wins a line two parsers claim; generic fallbacks use 90+
+    # False for producers that print one unstamped, step-less line per step (identical lines
+    # are then genuine repeats, never copies from other ranks/handlers)
+    copies: ClassVar[bool] = True
 
     def wants(self, text: str) -> bool:
         return any(k in text for k in self.keywords)

@@ -1,0 +1,75 @@
+"""A user-defined log format: one Python regex whose named groups say what each capture is.
+
+``RegexParser(r"it (?P<step>\\d+) loss=(?P<loss>\\S+)")``. Known groups: ``step``, ``loss``,
+``eval_loss``, ``grad_norm``, ``loss_scale``, ``lr`` (numbers, NaN/Inf spellings included),
+``overflow`` and ``nonfinite`` (any non-empty capture is one event). The pattern is checked when the
+parser is built: a regex that does not compile, that has no known group, that has an unknown group
+or that can match an empty string raises ``ValueError`` with a message meant for a config error.
+
+The class is not a registered format (``name = ""`` at class level, so discovery skips it); the
+config layer builds it with the user's pattern, and the instance is named ``custom``. It is
+matched over whole blocks in multi-line mode (``^``/``$`` are line anchors), anywhere in a line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, OVERFLOW
+from .base import Block, Parser, Record, to_float
+
+VALUE_GROUPS = {"loss": LOSS, "eval_loss": EVAL_LOSS, "grad_norm": GRAD_NORM, "loss_scale": LOSS_SCALE,
+                "lr": LEARNING_RATE}
+EVENT_GROUPS = ("overflow", "nonfinite")
+KNOWN_GROUPS = ("step", *VALUE_GROUPS, *EVENT_GROUPS)
+
+
+class RegexParser(Parser):
+    name = ""          # not auto-registered; the instance is named "custom"
+    priority = 5       # a format the user spelled out beats every built-in guess
+    keywords = ()
+
+    def __init__(self, pattern: str) -> None:
+        self.name = "custom"
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError("custom log format: the regex is empty")
+        try:
+            self.regex = re.compile(pattern, re.M)
+        except re.error as e:
+            raise ValueError(f"custom log format: invalid regex {pattern!r}: {e}") from None
+        groups = set(self.regex.groupindex)
+        unknown = sorted(groups - set(KNOWN_GROUPS))
+        if unknown:
+            raise ValueError(f"custom log format: unknown named group(s) {', '.join(unknown)} in {pattern!r}; "
+                             f"known: {', '.join(KNOWN_GROUPS)}")
+        if not groups - {"step"}:
+            raise ValueError(f"custom log format: {pattern!r} has no named group to read a value from; "
+                             f"use at least one of {', '.join(g for g in KNOWN_GROUPS if g != 'step')}")
+        if self.regex.search("") is not None:
+            raise ValueError(f"custom log format: {pattern!r} matches an empty string; make it require text")
+        self._groups = groups
+
+    def wants(self, text: str) -> bool:
+        return True
+
+    def parse(self, block: Block) -> list[Record]:
+        out: list[Record] = []
+        groups = self._groups
+        for m in self.regex.finditer(block.text):
+            pos = m.start()
+            rec = Record(line=block.line_of(pos), pos=pos, log_time=block.log_time_at(pos),
+                         rank=block.rank_at(pos), producer=self.name)
+            if "step" in groups and (raw := m.group("step")) and (s := to_float(raw)) is not None \
+                    and math.isfinite(s):
+                rec.step = int(s)
+            for group, metric in VALUE_GROUPS.items():
+                if group in groups and (raw := m.group(group)) and (v := to_float(raw)) is not None:
+                    rec.add(metric, v)
+            if "overflow" in groups and m.group("overflow"):
+                rec.add(OVERFLOW, 1.0, variant="custom")
+            if "nonfinite" in groups and m.group("nonfinite"):
+                rec.add(NONFINITE_MESSAGE, 1.0, what="loss")
+            if rec.values:
+                out.append(rec)
+        return out
