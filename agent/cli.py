@@ -88,7 +88,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             for e in rules.errors.values():
                 print(f"precision-agent: {e}", file=sys.stderr)
             return EXIT_CONFIG
-        result = replay(path, rules, args.format)
+        result = replay(path, rules, "custom" if args.pattern and args.format == "auto" else args.format,
+                        pattern=args.pattern)
     except (ConfigError, UnknownFormat) as exc:
         print(f"precision-agent: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -147,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("file")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
     rp.add_argument("--format", default="auto", help="log format (default: detect)")
+    rp.add_argument("--pattern", help="a user-defined format: a regex with named groups (step, loss, grad_norm, "
+                                      "loss_scale, lr, eval_loss, overflow, nonfinite)")
     rp.add_argument("--rules", action="append", metavar="DIR", help="rule directory (default: shipped rules)")
     rp.set_defaults(func=cmd_replay)
 

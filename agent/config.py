@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 DEFAULT_PORT = 19400  # outside Prometheus' 9100-9999 default-allocation range; see README
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
@@ -89,6 +90,7 @@ class Watch(_Strict):
     include: list[str] = Field(default_factory=lambda: ["*.log", "*.txt", "*.out", "*.err", "*.jsonl"])
     exclude: list[str] = Field(default_factory=lambda: ["*.gz", "*.bz2", "*.xz", "*.zst", "*.zip"])
     format: str = "auto"
+    pattern: str | None = None  # a user-defined format: a regex with named groups (step, loss, ...)
     labels: dict[str, LabelValue] = Field(default_factory=dict)
     start_at_end: bool = False  # for a log that existed before the agent ever saw it
 
@@ -98,9 +100,23 @@ class Watch(_Strict):
     @classmethod
     def _known_format(cls, v: str) -> str:
         from .readers.parsers import FORMATS  # parsers are discovered at import
-        if v != "auto" and v not in FORMATS:
-            raise ValueError(f"unknown log format {v!r}; known: auto, {', '.join(FORMATS)}")
+        if v not in ("auto", "custom") and v not in FORMATS:
+            raise ValueError(f"unknown log format {v!r}; known: auto, custom, {', '.join(FORMATS)}")
         return v
+
+    @field_validator("pattern")
+    @classmethod
+    def _valid_pattern(cls, v: str | None) -> str | None:
+        if v is not None:
+            from .readers.parsers.custom import RegexParser
+            RegexParser(v)  # raises ValueError with the reason
+        return v
+
+    @model_validator(mode="after")
+    def _custom_needs_pattern(self) -> "Watch":
+        if self.format == "custom" and self.pattern is None:
+            raise ValueError("format 'custom' needs a 'pattern' (a regex with named groups such as step, loss)")
+        return self
 
 
 class Limits(_Strict):

@@ -260,7 +260,7 @@ class Agent:
             stream = LogStream(path, labels, watch.format, self.offsets.get(path),
                                start_at_end=watch.start_at_end and path not in self.offsets,
                                max_line_bytes=self.config.limits.max_line_bytes,
-                               chunk_bytes=self.config.limits.read_chunk_bytes)
+                               chunk_bytes=self.config.limits.read_chunk_bytes, pattern=watch.pattern)
         except UnknownFormat as exc:
             self.health.error("config", "%s: %s", path, exc)
             return None

@@ -20,7 +20,8 @@ from .rulefile import RuleSet
 from .series import SeriesState
 
 
-def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str] | None = None) -> dict[str, Any]:
+def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str] | None = None,
+           pattern: str | None = None) -> dict[str, Any]:
     pipeline = Pipeline(rules, max_series=1 << 20, keep_findings=100_000)
     nonfinite: list[dict[str, Any]] = []
 
@@ -30,7 +31,7 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
             nonfinite.append({"metric": metric, "step": _step(sample, series), "line": sample.source.line})
 
     pipeline.on_accepted = watch
-    stream = LogStream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20)
+    stream = LogStream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20, pattern=pattern)
     try:
         now = time.time()
         pipeline.process(stream.finish(now))  # reads to the end, the last line even without "\n"

@@ -78,3 +78,27 @@ def test_unknown_format_and_missing_rule_dir_fail_at_load(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(path)
     assert err.value.field == "rule_dirs" and "does not exist" in err.value.reason
+
+
+def test_custom_format_needs_a_valid_pattern(tmp_path):
+    path = tmp_path / "agent.yml"
+    path.write_text("watches: [{path: /x, format: custom}]\n")
+    with pytest.raises(ConfigError, match="needs a 'pattern'"):
+        load_config(path)
+    path.write_text("watches: [{path: /x, format: custom, pattern: 'loss=(?P<loss>[0-9.]+'}]\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert err.value.field == "watches.0.pattern" and "invalid regex" in err.value.reason
+    path.write_text("watches: [{path: /x, format: custom, pattern: 'it (?P<step>\\d+) l=(?P<loss>\\S+)'}]\n")
+    assert load_config(path).watches[0].pattern
+
+
+def test_replay_with_a_user_defined_format(tmp_path):
+    log = tmp_path / "mine.log"
+    log.write_text("it 1 l=2.5\nit 2 l=nan\nnoise\n")
+    proc = subprocess.run([sys.executable, "-m", "precision_agent", "replay", "--json", "--pattern",
+                           r"it (?P<step>\d+) l=(?P<loss>\S+)", str(log)], capture_output=True, text=True, timeout=60)
+    import json
+    r = json.loads(proc.stdout)
+    assert r["format"] == "custom" and r["steps"] == {"first": 1, "last": 2}
+    assert r["nonfinite"] == [{"metric": "loss", "step": 2, "line": 2}]

@@ -1,37 +1,286 @@
-"""``loss_scale``: dynamic loss scaling that has collapsed.
+"""``loss_scale``: dynamic loss scaling that has collapsed or misbehaves.
 
-Condition ``floor``: the scale is at or below its floor (1 for TF/NPU and MindSpore, whose
-managers clamp there; PyTorch/DeepSpeed have no clamp, so reaching 1 is already abnormal).
+One rule judges one ``condition`` (the shipped file has one rule per condition):
+
+* ``floor``: the scale is at or below its floor (1 for TF/NPU and MindSpore, whose managers
+  clamp there; PyTorch/DeepSpeed have no clamp, so reaching 1 is already abnormal). Hits on
+  every observation at the floor, clears on the first one above it.
+* ``decreases``: ``min_decreases`` or more decreases within ``window`` steps with no increase in
+  between, after warm-up. A decrease is counted as the number of ``decrease_factor`` back-offs it
+  implies (Megatron prints one value per log interval, so 8192 -> 2048 between two reports is two
+  halvings). Clears at the next increase or when the decreases age out of the window.
+* ``overflow_ratio``: overflow (skipped) steps / steps over the last ``window`` steps above
+  ``max_overflow_ratio``, after warm-up, once at least ``min_steps`` steps were seen. Clears when
+  the ratio falls back to the threshold or below.
+* ``jump``: one back-off larger than one ``decrease_factor`` (the value fell below
+  ``from * decrease_factor / jump_tolerance``). The built-in managers never do this, so the scale
+  was set by hand or the run restarted. Only transitions a producer prints per step are judged
+  (DeepSpeed "Attempted loss scale: X, reducing to Y" / "from X to Y", and apex/fairseq/torch_npu
+  "reducing to Y" compared with the previous value), because interval reports hide several halvings; ``jump_reports: true`` also
+  judges consecutive interval reports. Clears at the next increase.
+
+Warm-up (``decreases``, ``overflow_ratio``): the fast fall from the initial scale (2^32 TF/NPU and
+Megatron, 2^24 MindSpore, 2^16 torch/DeepSpeed) is normal. It ends at the first observed increase
+or once the training step reaches ``warmup_steps``; while no step number is known it lasts until
+the first increase. Decreases are counted from scale values, never from overflow messages, so
+DeepSpeed/Megatron hysteresis overflows (skipped, no back-off) never count as decreases.
+
+``framework`` picks defaults for ``window``, ``decrease_factor`` and ``warmup_steps``; an explicit
+value always wins.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from ..model import LOSS_SCALE, Sample
+from ..model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, OVERFLOW, Labels, Sample
 from ..series import SeriesState
 from .base import Clear, Detector, Hit, Params
 
+V = TypeVar("V")
+
+
+class PerSeries(Generic[V]):
+    """Per-series detector memory, bounded: the least recently seen series is dropped first.
+
+    A detector instance belongs to one rule and sees every series that rule matches; keeping
+    its memory here stops a long-lived daemon from growing without bound."""
+
+    def __init__(self, factory: type[V] | Any, cap: int = 1000) -> None:
+        self._factory = factory
+        self._cap = cap
+        self._d: OrderedDict[Labels, V] = OrderedDict()
+
+    def get(self, labels: Labels) -> V:
+        v = self._d.get(labels)
+        if v is None:
+            if len(self._d) >= self._cap:
+                self._d.popitem(last=False)
+            v = self._d[labels] = self._factory()
+        else:
+            self._d.move_to_end(labels)
+        return v
+
+    def peek(self, labels: Labels) -> V | None:
+        return self._d.get(labels)
+
+    def drop(self, labels: Labels) -> None:
+        self._d.pop(labels, None)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def step_of(sample: Sample, series: SeriesState) -> int | None:
+    return sample.step if sample.step is not None else series.last_step
+
+
+# framework -> defaults (init is documentation: the scale a run starts from)
+PRESETS: dict[str, dict[str, Any]] = {
+    "generic": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200},
+    "tf_npu": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200},      # init 2^32, 2 bad steps/decrease
+    "mindspore": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200},   # init 2^24, every overflow halves
+    "torch": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200},       # GradScaler init 2^16
+    "deepspeed": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200},   # init 2^16, hysteresis 2
+    "megatron": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200},    # init 2^32, hysteresis 2
+}
+INIT_SCALE = {"generic": None, "tf_npu": 2.0**32, "mindspore": 2.0**24, "torch": 2.0**16,
+              "deepspeed": 2.0**16, "megatron": 2.0**32}
+
+Framework = Literal["generic", "tf_npu", "mindspore", "torch", "deepspeed", "megatron"]
+
 
 class LossScaleParams(Params):
-    condition: Literal["floor"] = "floor"
+    condition: Literal["floor", "decreases", "overflow_ratio", "jump"] = "floor"
     floor: float = Field(1.0, ge=0)
+    framework: Framework = "generic"
+    window: int = Field(2000, ge=1)                 # steps
+    decrease_factor: float = Field(0.5, gt=0, lt=1)
+    warmup_steps: int = Field(200, ge=0)
+    min_decreases: int = Field(3, ge=1)
+    max_overflow_ratio: float = Field(0.05, ge=0, lt=1)
+    min_steps: int = Field(100, ge=1)
+    jump_tolerance: float = Field(1.25, ge=1)
+    jump_reports: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            fw = data.get("framework", "generic")
+            preset = PRESETS.get(fw) if isinstance(fw, str) else None
+            if preset:
+                data = {**preset, **data}
+        return data
+
+
+@dataclass
+class _Track:
+    last: float | None = None
+    warm: bool = True
+    decreases: deque = field(default_factory=deque)  # (step | None, implied back-offs)
+    overflows: deque = field(default_factory=deque)  # (step, skipped steps)
+    skipped: float = 0.0                              # sum over ``overflows``
+    span_start: int | None = None
+    active: bool = False
+
+
+_PROGRESS = frozenset({LOSS, GRAD_NORM, LEARNING_RATE, LOSS_SCALE})
 
 
 class LossScaleDetector(Detector[LossScaleParams]):
     kind = "loss_scale"
     params_model = LossScaleParams
-    metrics = frozenset({LOSS_SCALE})
+    metrics = frozenset({LOSS_SCALE, OVERFLOW}) | _PROGRESS
     stateful = True
 
+    def __init__(self, params: LossScaleParams) -> None:
+        super().__init__(params)
+        self._tracks: PerSeries[_Track] = PerSeries(_Track)
+
+    def wanted_metrics(self) -> frozenset[str]:
+        if self.params.condition == "overflow_ratio":
+            return frozenset({OVERFLOW}) | _PROGRESS
+        return frozenset({LOSS_SCALE})
+
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        cond = self.params.condition
+        if cond == "floor":
+            return self._floor(sample, series)
+        if cond == "overflow_ratio":
+            return self._overflow_ratio(sample, series)
+        return self._trajectory(sample, series)
+
+    # -- floor -----------------------------------------------------------------------------------
+    def _floor(self, sample: Sample, series: SeriesState) -> Hit | Clear:
         floor = self.params.floor
         if sample.value <= floor:
             return Hit(sample.labels, f"loss scale {sample.value:g} at or below floor {floor:g}",
-                       sample.value, sample.step if sample.step is not None else series.last_step,
+                       sample.value, step_of(sample, series),
                        sample.source, {"loss_scale": sample.value, "floor": floor,
                                        "decreases": series.scale_decreases,
                                        "first": series.scale_first, "min": series.scale_min})
         return Clear(sample.labels)
+
+    # -- warm-up ---------------------------------------------------------------------------------
+    def _warm(self, t: _Track, step: int | None, series: SeriesState) -> bool:
+        if t.warm and ((step is not None and step >= self.params.warmup_steps) or series.scale_increases > 0):
+            t.warm = False
+        return t.warm
+
+    def _backoffs(self, frm: float, to: float) -> int:
+        if to <= 0 or frm <= 0:
+            return 1
+        return max(1, round(math.log(frm / to) / math.log(1 / self.params.decrease_factor)))
+
+    # -- decreases / jump ------------------------------------------------------------------------
+    def _trajectory(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        p = self.params
+        t = self._tracks.get(sample.labels)
+        step = step_of(sample, series)
+        value = sample.value
+        if not math.isfinite(value):
+            return None
+        frm = sample.attr("frm")
+        prev = t.last
+        increased = False
+        if frm is not None:
+            if prev is not None and frm > prev:
+                increased = True  # the scale grew between two messages without a message of its own
+            before = frm
+            per_step = True
+        else:
+            before = prev
+            per_step = bool(sample.attr("decrease")) or p.jump_reports
+        t.last = value
+        if before is not None and value > before:
+            increased = True
+        decreased = (before is not None and value < before) or (before is None and bool(sample.attr("decrease")))
+        if increased:
+            t.warm = False
+            t.decreases.clear()
+        if p.condition == "jump":
+            return self._jump(sample, series, t, before, value, per_step, increased, step)
+        if increased and not decreased:
+            return self._deactivate(t, sample)
+        if step is not None:
+            while t.decreases and t.decreases[0][0] is not None and t.decreases[0][0] <= step - p.window:
+                t.decreases.popleft()
+        if decreased and not self._warm(t, step, series):
+            n = self._backoffs(before, value) if before is not None else 1
+            t.decreases.append((step, n))
+        total = sum(n for _, n in t.decreases)
+        if total < p.min_decreases:
+            return self._deactivate(t, sample)
+        if not decreased:
+            return None  # still holding; nothing new
+        t.active = True
+        first = t.decreases[0][0]
+        return Hit(sample.labels,
+                   f"loss scale decreased {total} times within {p.window} steps with no increase "
+                   f"(now {value:g})", value, step, sample.source,
+                   {"loss_scale": value, "decreases": total, "window": p.window, "since_step": first,
+                    "min_decreases": p.min_decreases, "first": series.scale_first, "min": series.scale_min})
+
+    def _jump(self, sample: Sample, series: SeriesState, t: _Track, before: float | None, value: float,
+              per_step: bool, increased: bool, step: int | None) -> Hit | Clear | None:
+        p = self.params
+        if increased:
+            return self._deactivate(t, sample)
+        if before is None or not per_step or before <= 0:
+            return None
+        limit = before * p.decrease_factor / p.jump_tolerance
+        if value >= limit:
+            return None
+        t.active = True
+        return Hit(sample.labels, f"loss scale jumped from {before:g} to {value:g} in one back-off "
+                                  f"(one back-off is x{p.decrease_factor:g})",
+                   value, step, sample.source,
+                   {"loss_scale": value, "from": before, "factor": value / before,
+                    "decrease_factor": p.decrease_factor})
+
+    def _deactivate(self, t: _Track, sample: Sample) -> Clear | None:
+        if t.active:
+            t.active = False
+            return Clear(sample.labels)
+        return None
+
+    # -- overflow ratio --------------------------------------------------------------------------
+    def _overflow_ratio(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        p = self.params
+        step = step_of(sample, series)
+        if step is None:
+            return None  # a ratio over steps needs step numbers
+        t = self._tracks.get(sample.labels)
+        if self._warm(t, step, series):
+            return None
+        if t.span_start is None or step < t.span_start:  # first step after warm-up, or a restart
+            t.span_start = step
+            t.overflows.clear()
+            t.skipped = 0.0
+        if sample.metric == OVERFLOW:
+            n = max(sample.value, 0.0)
+            t.overflows.append((step, n))
+            t.skipped += n
+        while t.overflows and t.overflows[0][0] <= step - p.window:
+            t.skipped -= t.overflows.popleft()[1]
+        span = min(p.window, step - t.span_start + 1)
+        if span < p.min_steps:
+            return None
+        skipped = t.skipped
+        ratio = skipped / span
+        if ratio <= p.max_overflow_ratio:
+            return self._deactivate(t, sample)
+        if t.active:
+            return None
+        t.active = True
+        return Hit(sample.labels, f"{skipped:g} of the last {span} steps overflowed ({ratio:.1%} > "
+                                  f"{p.max_overflow_ratio:.1%})",
+                   ratio, step, sample.source,
+                   {"ratio": round(ratio, 6), "overflow_steps": skipped, "steps": span,
+                    "max_overflow_ratio": p.max_overflow_ratio, "loss_scale": series.scale_last})

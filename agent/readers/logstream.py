@@ -32,10 +32,10 @@ class StreamStats:
 class LogStream:
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, fmt: str = "auto",
                  position: TailPosition | None = None, *, start_at_end: bool = False,
-                 max_line_bytes: int = 1 << 20, chunk_bytes: int = 1 << 20) -> None:
+                 max_line_bytes: int = 1 << 20, chunk_bytes: int = 1 << 20, pattern: str | None = None) -> None:
         self.path = path
         self.base_labels = dict(labels or {})
-        self.parser = CompositeParser(fmt)       # raises UnknownFormat for a bad override
+        self.parser = CompositeParser(fmt, pattern)  # raises UnknownFormat for a bad override
         self.tailer = LogTailer(path, position, start_at_end=start_at_end,
                                 max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
         self.stats = StreamStats()

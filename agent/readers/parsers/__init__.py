@@ -45,14 +45,24 @@ class CompositeParser:
     trainer's lines with a framework's, e.g. DeepSpeed messages inside a Megatron log).
     """
 
-    def __init__(self, fmt: str = "auto") -> None:
-        if fmt == "auto":
-            classes = PARSERS
+    def __init__(self, fmt: str = "auto", pattern: str | None = None) -> None:
+        """``fmt``: "auto" (every producer), a producer name, or "custom" (only ``pattern``).
+        ``pattern``: a user-defined regex format, tried before the built-in producers."""
+        if fmt in ("auto", "custom"):
+            classes = PARSERS if fmt == "auto" else ()
         else:
             classes = tuple(p for p in PARSERS if p.name == fmt)
             if not classes:
-                raise UnknownFormat(f"unknown log format {fmt!r}; known: auto, {', '.join(FORMATS)}")
+                raise UnknownFormat(f"unknown log format {fmt!r}; known: auto, custom, {', '.join(FORMATS)}")
         self.parsers: list[Parser] = [cls() for cls in classes]
+        if pattern is not None:
+            from .custom import RegexParser
+            try:
+                self.parsers.insert(0, RegexParser(pattern))
+            except ValueError as exc:
+                raise UnknownFormat(str(exc)) from None
+        elif fmt == "custom":
+            raise UnknownFormat("format 'custom' needs a pattern")
         self.fixed = fmt != "auto"
         self.counts: dict[str, int] = {p.name: 0 for p in self.parsers}
         self._specific: dict[str, bool] = {p.name: p.priority < FALLBACK_PRIORITY for p in self.parsers}

@@ -1,0 +1,113 @@
+"""``divergence``: the training loss trends up instead of down.
+
+Two checks, either one is enough:
+
+* **rise**: the last ``rises`` reports each rose above the one before (``rises + 1`` values,
+  strictly increasing), by ``min_rise`` (relative to the first of them) and ``min_delta``
+  (absolute, in the metric's units) in total. Megatron's 6.37 -> 6.60 -> 7.31 -> 9.12 -> 10.24
+  is one.
+* **trend**: over the last ``window`` values, the median of the last third exceeds the median of
+  the first third by ``min_rise`` (relative) and ``min_delta`` (absolute). Medians ignore single
+  spikes, so this fires on a level that moved up and stayed, not on one bad batch.
+  ``window: 0`` turns this check off.
+
+The steep fall at the start of training and a noisy plateau never pass either check: the
+first needs several consecutive rises adding up to a large absolute rise, the second a
+sustained higher level. Non-finite values are ignored (``nonfinite`` reports them).
+
+An event kind: an episode (consecutive values where a check holds) hits at its onset and again
+whenever the loss reaches a new high.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from ..model import EVAL_LOSS, LOSS, Sample
+from ..series import SeriesState
+from .base import Detector, Hit, Params
+from .loss_scale import PerSeries, step_of
+
+
+class DivergenceParams(Params):
+    metric: Literal["loss", "eval_loss"] = LOSS
+    rises: int = Field(4, ge=1)
+    window: int = Field(30, ge=0)
+    min_rise: float = Field(0.2, ge=0)
+    min_delta: float = Field(1.0, ge=0)
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: int) -> int:
+        if 0 < v < 6:
+            raise ValueError("window must be 0 (trend check off) or at least 6 values")
+        return v
+
+
+@dataclass
+class _Track:
+    values: deque = field(default_factory=deque)
+    peak: float | None = None
+
+
+class DivergenceDetector(Detector[DivergenceParams]):
+    kind = "divergence"
+    params_model = DivergenceParams
+    metrics = frozenset({LOSS, EVAL_LOSS})
+    stateful = False
+    default_resolve_after = 1800.0
+
+    def __init__(self, params: DivergenceParams) -> None:
+        super().__init__(params)
+        self._tracks: PerSeries[_Track] = PerSeries(_Track)
+
+    def wanted_metrics(self) -> frozenset[str]:
+        return frozenset({self.params.metric})
+
+    def _enough(self, start: float, end: float) -> bool:
+        p = self.params
+        return end - start > 0 and end - start >= max(p.min_delta, p.min_rise * abs(start))
+
+    def observe(self, sample: Sample, series: SeriesState) -> Hit | None:
+        p = self.params
+        v = sample.value
+        if not math.isfinite(v):
+            return None
+        t = self._tracks.get(sample.labels)
+        t.values.append(v)
+        while len(t.values) > max(p.rises + 1, p.window):
+            t.values.popleft()
+        vals = list(t.values)
+        evidence: dict | None = None
+        if len(vals) >= p.rises + 1:
+            run = vals[-(p.rises + 1):]
+            if all(b > a for a, b in zip(run, run[1:])) and self._enough(run[0], run[-1]):
+                evidence = {"check": "rise", "from": run[0], "to": run[-1], "reports": p.rises}
+        if evidence is None and p.window and len(vals) >= p.window:
+            win = vals[-p.window:]
+            third = p.window // 3
+            first, last = statistics.median(win[:third]), statistics.median(win[-third:])
+            if self._enough(first, last):
+                evidence = {"check": "trend", "from": first, "to": last, "reports": p.window}
+        if evidence is None:
+            t.peak = None
+            return None
+        if t.peak is not None and v <= t.peak:
+            return None
+        onset = t.peak is None
+        t.peak = v if t.peak is None else max(t.peak, v)
+        start = evidence["from"]
+        rel = (evidence["to"] - start) / abs(start) if start else None
+        evidence.update({"metric": p.metric, "value": v, "rise": evidence["to"] - start,
+                         "relative_rise": round(rel, 4) if rel is not None else None, "onset": onset})
+        how = (f"rose over {p.rises} consecutive reports" if evidence["check"] == "rise"
+               else f"trended up over the last {p.window} reports (median of the first/last third)")
+        return Hit(sample.labels, f"{p.metric} {how}: {start:.6g} -> {evidence['to']:.6g}"
+                   + (f" (+{rel:.0%})" if rel is not None else ""),
+                   v, step_of(sample, series), sample.source, evidence)

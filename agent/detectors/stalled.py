@@ -1,0 +1,96 @@
+"""``stalled``: a series that had been reporting training steps went quiet.
+
+Judged on every evaluation tick, from the wall-clock time the agent read the series' last record
+(``progress: record``, the default: any parsed line counts as life) or the last record that
+advanced the step (``progress: step``: overflow messages and other step-less chatter do not
+count). A series that never printed a step number is never judged, so a log that only carries
+messages cannot page anyone.
+
+A state kind: hits once when the series has been quiet for ``after``; clears when a new record
+(or step) arrives. A finished run also goes quiet: after ``expire_after`` of silence the
+condition is cleared and the series is no longer judged until it reports again (``0``: never
+expire).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..config import Duration
+from ..model import NONFINITE_MESSAGE, OVERFLOW, TRAINING_METRICS, Sample
+from ..series import SeriesState
+from .base import Clear, Detector, Hit, Params
+from .loss_scale import PerSeries
+
+
+class StalledParams(Params):
+    after: Duration = Field(600.0, gt=0)
+    progress: Literal["record", "step"] = "record"
+    expire_after: Duration = Field(6 * 3600.0, ge=0)
+
+
+class _Track:
+    __slots__ = ("step", "since", "active", "expired")
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.since: float | None = None   # progress: step - when the step last advanced
+        self.active = False
+        self.expired = False
+
+
+class StalledDetector(Detector[StalledParams]):
+    kind = "stalled"
+    params_model = StalledParams
+    metrics = frozenset(TRAINING_METRICS) | {OVERFLOW, NONFINITE_MESSAGE}
+    stateful = True
+
+    def __init__(self, params: StalledParams) -> None:
+        super().__init__(params)
+        self._tracks: PerSeries[_Track] = PerSeries(_Track)
+
+    def observe(self, sample: Sample, series: SeriesState) -> Clear | None:
+        t = self._tracks.peek(sample.labels)
+        if self.params.progress == "step":
+            if t is None:
+                t = self._tracks.get(sample.labels)
+            step = sample.step
+            if step is None or (t.step is not None and step <= t.step):
+                return None  # no progress
+            t.step, t.since = step, sample.time
+        elif t is None:
+            return None
+        t.expired = False
+        if t.active:
+            t.active = False
+            return Clear(sample.labels)
+        return None
+
+    def tick(self, now: float, series: SeriesState) -> Hit | Clear | None:
+        p = self.params
+        if series.last_step is None:
+            return None
+        t = self._tracks.get(series.labels)
+        if p.progress == "step":
+            if t.step is None or (series.last_step is not None and series.last_step > t.step):
+                t.step, t.since = series.last_step, series.last_update  # e.g. after a restart
+            since = t.since if t.since is not None else series.last_update
+        else:
+            since = series.last_update
+        idle = now - since
+        if p.expire_after and idle >= p.expire_after:
+            t.expired = True
+            if t.active:
+                t.active = False
+                return Clear(series.labels)
+            return None
+        if idle < p.after or t.active or t.expired:
+            return None
+        t.active = True
+        what = "step" if p.progress == "step" else "record"
+        return Hit(series.labels, f"no new {what} for {idle:.0f}s (last step {series.last_step})",
+                   idle, series.last_step, None,
+                   {"idle_s": round(idle, 3), "after_s": p.after, "last_step": series.last_step,
+                    "last_update": since, "progress": p.progress})

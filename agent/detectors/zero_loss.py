@@ -1,0 +1,77 @@
+"""``zero_loss``: the loss is exactly 0 (or within ``tolerance`` of it).
+
+A real training loss is practically never exactly 0; a printed ``0.0`` means the loss was
+masked out, every label was ignored, or the value was replaced after a non-finite step (HF
+Trainer logs ``'loss': 0.0`` next to ``'grad_norm': nan`` when every step in the logging window
+was non-finite, as in hf_trainer_1). ``consecutive`` zero values in a row are needed before it
+hits, so a fine-tune whose rounded loss prints as 0.0 once can be tolerated.
+
+A state kind: hits when the condition starts, clears at the next non-zero value. Alert label
+``metric``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field
+
+from ..model import EVAL_LOSS, LOSS, Sample
+from ..series import SeriesState
+from .base import Clear, Detector, Hit, Params
+from .loss_scale import PerSeries, step_of
+
+
+class ZeroLossParams(Params):
+    metrics: list[Literal["loss", "eval_loss"]] = Field(default_factory=lambda: [LOSS], min_length=1)
+    consecutive: int = Field(1, ge=1)
+    tolerance: float = Field(0.0, ge=0)
+
+
+class _Track:
+    __slots__ = ("run", "active", "first_step", "first_source")
+
+    def __init__(self) -> None:
+        self.run = 0
+        self.active = False
+        self.first_step: int | None = None
+        self.first_source = None
+
+
+class ZeroLossDetector(Detector[ZeroLossParams]):
+    kind = "zero_loss"
+    params_model = ZeroLossParams
+    metrics = frozenset({LOSS, EVAL_LOSS})
+    stateful = True
+
+    def __init__(self, params: ZeroLossParams) -> None:
+        super().__init__(params)
+        self._tracks: PerSeries[_Track] = PerSeries(_Track)
+
+    def wanted_metrics(self) -> frozenset[str]:
+        return frozenset(self.params.metrics)
+
+    def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        if not math.isfinite(sample.value):
+            return None  # NaN/Inf belongs to nonfinite and neither starts nor ends a zero run
+        labels = sample.labels + (("metric", sample.metric),)
+        t = self._tracks.get(labels)
+        step = step_of(sample, series)
+        if abs(sample.value) > self.params.tolerance:
+            t.run = 0
+            if t.active:
+                t.active = False
+                return Clear(labels)
+            return None
+        if t.run == 0:
+            t.first_step, t.first_source = step, sample.source
+        t.run += 1
+        if t.active or t.run < self.params.consecutive:
+            return None
+        t.active = True
+        return Hit(labels, f"{sample.metric} is {sample.value:g} (exactly zero) at step {step}",
+                   sample.value, step, sample.source,
+                   {"metric": sample.metric, "value": sample.value, "consecutive": t.run,
+                    "first_step": t.first_step,
+                    "first_line": t.first_source.line if t.first_source is not None else None})
