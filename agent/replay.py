@@ -22,7 +22,8 @@ from .series import SeriesState
 
 def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str] | None = None,
            pattern: str | None = None) -> dict[str, Any]:
-    pipeline = Pipeline(rules, max_series=1 << 20, keep_findings=100_000)
+    # fresh detectors: a rule set reused across files must not carry one file's history into the next
+    pipeline = Pipeline(rules.fresh(), max_series=1 << 20, keep_findings=100_000)
     nonfinite: list[dict[str, Any]] = []
 
     def watch(sample: Sample, series: SeriesState) -> None:

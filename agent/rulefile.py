@@ -259,6 +259,13 @@ class RuleSet:
     def rule(self, name: str) -> list[Rule]:
         return [r for r in self.rules if r.name == name]
 
+    def fresh(self) -> "RuleSet":
+        """The same rules with new detector instances (no memory of earlier data)."""
+        rs = RuleSet({f: [build_rule(r.spec, r.file, r.group) for r in rules] for f, rules in self.by_file.items()},
+                     dict(self.errors))
+        rs.reindex()
+        return rs
+
     def reindex(self) -> None:
         idx: dict[str, list[Rule]] = {}
         for r in self.rules:

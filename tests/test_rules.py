@@ -95,3 +95,11 @@ def test_label_matchers(tmp_path):
 
 def test_render_formats_values_and_missing():
     assert render("{{ $value }} {{ $labels.x }}|", {"value": 0.1 + 0.2, "labels": {}}) == "0.3 |"
+
+
+def test_fresh_rule_set_has_new_detectors(tmp_path):
+    write(tmp_path, GOOD)
+    rs = load_rules([tmp_path])
+    again = rs.fresh()
+    assert [r.spec for r in again.rules] == [r.spec for r in rs.rules]
+    assert again.rules[0].detector is not rs.rules[0].detector and again.rules_for("loss_scale")

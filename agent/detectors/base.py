@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from collections import OrderedDict
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -68,3 +69,41 @@ class Detector(abc.ABC, Generic[P]):
         Called every evaluation interval for each series the rule matches; most kinds need
         nothing here."""
         return None
+
+
+V = TypeVar("V")
+
+
+class PerSeries(Generic[V]):
+    """Per-series detector memory, bounded: the least recently seen series is dropped first.
+
+    A detector instance belongs to one rule and sees every series that rule matches; keeping
+    its memory here stops a long-lived daemon from growing without bound."""
+
+    def __init__(self, factory: type[V] | Any, cap: int = 1000) -> None:
+        self._factory = factory
+        self._cap = cap
+        self._d: OrderedDict[Labels, V] = OrderedDict()
+
+    def get(self, labels: Labels) -> V:
+        v = self._d.get(labels)
+        if v is None:
+            if len(self._d) >= self._cap:
+                self._d.popitem(last=False)
+            v = self._d[labels] = self._factory()
+        else:
+            self._d.move_to_end(labels)
+        return v
+
+    def peek(self, labels: Labels) -> V | None:
+        return self._d.get(labels)
+
+    def drop(self, labels: Labels) -> None:
+        self._d.pop(labels, None)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+def step_of(sample: Sample, series: SeriesState) -> int | None:
+    return sample.step if sample.step is not None else series.last_step

@@ -32,7 +32,7 @@ from pydantic import Field, field_validator
 from ..model import EVAL_LOSS, LOSS, Sample
 from ..series import SeriesState
 from .base import Detector, Hit, Params
-from .loss_scale import PerSeries, step_of
+from .base import PerSeries, step_of
 
 
 class DivergenceParams(Params):

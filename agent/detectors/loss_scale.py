@@ -15,9 +15,10 @@ One rule judges one ``condition`` (the shipped file has one rule per condition):
 * ``jump``: one back-off larger than one ``decrease_factor`` (the value fell below
   ``from * decrease_factor / jump_tolerance``). The built-in managers never do this, so the scale
   was set by hand or the run restarted. Only transitions a producer prints per step are judged
-  (DeepSpeed "Attempted loss scale: X, reducing to Y" / "from X to Y", and apex/fairseq/torch_npu
-  "reducing to Y" compared with the previous value), because interval reports hide several halvings; ``jump_reports: true`` also
-  judges consecutive interval reports. Clears at the next increase.
+  (DeepSpeed "Attempted loss scale: X, reducing to Y" / "from X to Y", and apex/fairseq/
+  torch_npu "reducing to Y" compared with the previous value), because interval reports hide
+  several halvings; ``jump_reports: true`` also judges consecutive interval reports. Clears at
+  the next increase.
 
 Warm-up (``decreases``, ``overflow_ratio``): the fast fall from the initial scale (2^32 TF/NPU and
 Megatron, 2^24 MindSpore, 2^16 torch/DeepSpeed) is normal. It ends at the first observed increase
@@ -32,55 +33,17 @@ value always wins.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from ..model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, OVERFLOW, Labels, Sample
+from ..model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, OVERFLOW, Sample
 from ..series import SeriesState
-from .base import Clear, Detector, Hit, Params
+from .base import Clear, Detector, Hit, Params, PerSeries, step_of
 
-V = TypeVar("V")
-
-
-class PerSeries(Generic[V]):
-    """Per-series detector memory, bounded: the least recently seen series is dropped first.
-
-    A detector instance belongs to one rule and sees every series that rule matches; keeping
-    its memory here stops a long-lived daemon from growing without bound."""
-
-    def __init__(self, factory: type[V] | Any, cap: int = 1000) -> None:
-        self._factory = factory
-        self._cap = cap
-        self._d: OrderedDict[Labels, V] = OrderedDict()
-
-    def get(self, labels: Labels) -> V:
-        v = self._d.get(labels)
-        if v is None:
-            if len(self._d) >= self._cap:
-                self._d.popitem(last=False)
-            v = self._d[labels] = self._factory()
-        else:
-            self._d.move_to_end(labels)
-        return v
-
-    def peek(self, labels: Labels) -> V | None:
-        return self._d.get(labels)
-
-    def drop(self, labels: Labels) -> None:
-        self._d.pop(labels, None)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-
-def step_of(sample: Sample, series: SeriesState) -> int | None:
-    return sample.step if sample.step is not None else series.last_step
-
-
-# framework -> defaults (init is documentation: the scale a run starts from)
+# framework -> defaults; the comments name the initial scale and back-off rule of each
 PRESETS: dict[str, dict[str, Any]] = {
     "generic": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200},
     "tf_npu": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200},      # init 2^32, 2 bad steps/decrease
@@ -89,8 +52,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "deepspeed": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200},   # init 2^16, hysteresis 2
     "megatron": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200},    # init 2^32, hysteresis 2
 }
-INIT_SCALE = {"generic": None, "tf_npu": 2.0**32, "mindspore": 2.0**24, "torch": 2.0**16,
-              "deepspeed": 2.0**16, "megatron": 2.0**32}
 
 Framework = Literal["generic", "tf_npu", "mindspore", "torch", "deepspeed", "megatron"]
 

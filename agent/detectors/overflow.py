@@ -20,7 +20,7 @@ from pydantic import Field
 from ..model import OVERFLOW, Sample
 from ..series import SeriesState
 from .base import Detector, Hit, Params
-from .loss_scale import PerSeries, step_of
+from .base import PerSeries, step_of
 
 
 class OverflowParams(Params):

@@ -39,7 +39,7 @@ from pydantic import Field
 from ..model import EVAL_LOSS, GRAD_NORM, LOSS, Sample
 from ..series import SeriesState
 from .base import Detector, Hit, Params
-from .loss_scale import PerSeries, step_of
+from .base import PerSeries, step_of
 
 Metric = Literal["loss", "eval_loss", "grad_norm"]
 

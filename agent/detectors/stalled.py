@@ -22,7 +22,7 @@ from ..config import Duration
 from ..model import NONFINITE_MESSAGE, OVERFLOW, TRAINING_METRICS, Sample
 from ..series import SeriesState
 from .base import Clear, Detector, Hit, Params
-from .loss_scale import PerSeries
+from .base import PerSeries
 
 
 class StalledParams(Params):
