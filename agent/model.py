@@ -45,7 +45,7 @@ class SourcePos:
     offset: int = -1   # byte offset of the line start, -1 if unknown
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: frozen dataclasses are slow to build, and samples are many
 class Sample:
     """One value read from a training log.
 

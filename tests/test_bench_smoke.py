@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # bench/ is a top-level package of the repo, not installed
     sys.path.insert(0, str(ROOT))
 
-from bench import common, idle, latency  # noqa: E402
+from bench import common, idle, latency, parse  # noqa: E402
 
 if not Path("/proc/self/stat").exists():  # pragma: no cover - the agent targets Linux hosts
     pytest.skip("the benches read /proc", allow_module_level=True)
@@ -92,3 +92,11 @@ def test_helpers():
     assert common.metric_values(text, "precision_agent_training_step") == [12.0, 7.0]
     line = common.megatron_line(42)
     assert line.endswith("|\n") and "iteration       42/  100000 |" in line
+
+
+def test_parse_bench_reports_same_run_ratios():
+    res = parse.run(lines=2000, repeat=1)
+    assert res["params"]["lines"] == 2000 and res["samples"] > 0
+    assert res["plain_loop_s"] > 0 and res["parse_s"] > 0 and res["pipeline_s"] > 0
+    assert res["ratios"]["parse_to_plain"] == res["parse_s"] / res["plain_loop_s"]
+    assert "lines/s" in parse.report(res)

@@ -76,20 +76,33 @@ class CompositeParser:
         return best[0] if best[1] > 0 else None
 
     def parse(self, block: Block) -> list[Record]:
+        """Run the parsers in priority order. Lines a parser claimed are blanked (same length,
+        so positions and line numbers hold) before the next parser looks: a later parser's
+        keyword pre-filter then skips blocks it has nothing left to read in, and generic
+        fallbacks never rescan what a specific producer already read."""
         merged: list[Record] = []
-        claimed: set[int] = set()
+        current = probe = block
+        lines: list[str] | None = None
+        unclaimed: set[int] | None = None
         for parser in self.parsers:
-            if not parser.wants(block.text):
+            if not parser.wants(probe.text):  # keywords are looked for in unclaimed lines only
                 continue
-            records = parser.parse(block)
-            if merged:
-                records = [r for r in records if r.line not in claimed]
-            if records:
-                self.counts[parser.name] += len(records)
-                claimed.update(r.line for r in records)
-                merged.extend(records)
+            records = parser.parse(current)
+            if not records:
+                continue
+            self.counts[parser.name] += len(records)
+            merged.extend(records)
+            if lines is None:
+                lines = block.text.split("\n")
+                unclaimed = set(range(len(lines)))
+            for ln in {r.line for r in records}:
+                i = ln - block.first_line
+                lines[i] = " " * len(lines[i])
+                unclaimed.discard(i)
+            current = block.with_text("\n".join(lines))
+            probe = Block("\n".join(lines[i] for i in sorted(unclaimed)))
         if len(merged) > 1:
-            merged.sort(key=lambda r: r.pos)
+            merged.sort(key=lambda r: (r.line, r.pos))
         return merged
 
 

@@ -53,6 +53,12 @@ class Block:
         self._nl: list[int] | None = None
         self._date_cache: dict[tuple[str, str, str], int] = {}
 
+    def with_text(self, text: str) -> "Block":
+        """A block with the same line layout (same newline positions) but other content."""
+        other = Block(text, self.first_line)
+        other._nl = self._newlines()
+        return other
+
     def _newlines(self) -> list[int]:
         if self._nl is None:
             text, out, i = self.text, [], self.text.find("\n")
@@ -109,7 +115,7 @@ class Record:
     producer: str = ""
 
     def add(self, metric: str, value: float, **attrs: Any) -> None:
-        self.values.append((metric, value, tuple(attrs.items())))
+        self.values.append((metric, value, tuple(attrs.items()) if attrs else ()))
 
 
 class Parser(abc.ABC):

@@ -14,11 +14,17 @@ from .base import Block, Parser, Record, to_float
 
 _ITER_RE = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|([^\n]*)")
 _VALID_RE = re.compile(r"validation loss at iteration\s+(\d+)\s*\|([^\n]*)")
-_FIELD_RE = re.compile(r"\s*([A-Za-z][^:|\n]*?)\s*:\s*([^|\n]*?)\s*(?=\||$)")
+_ITER_FIELDS = (("lm loss:", LOSS), ("loss scale:", LOSS_SCALE), ("grad norm:", GRAD_NORM),
+                ("learning rate:", LEARNING_RATE))
 
 
-def _fields(rest: str) -> dict[str, str]:
-    return {m.group(1).lower(): m.group(2) for m in _FIELD_RE.finditer(rest)}
+def _field(rest: str, key: str) -> float | None:
+    """The number after ``key`` up to the next ``|`` (str.find: far cheaper than a regex per field)."""
+    i = rest.find(key)
+    if i < 0:
+        return None
+    j = rest.find("|", i)
+    return to_float(rest[i + len(key):j if j >= 0 else len(rest)].strip())
 
 
 class MegatronParser(Parser):
@@ -30,26 +36,23 @@ class MegatronParser(Parser):
         out: list[Record] = []
         text = block.text
         for m in _ITER_RE.finditer(text):
-            fields = _fields(m.group(3))
-            if "loss scale" not in fields and "lm loss" not in fields and "learning rate" not in fields:
+            rest = m.group(3)
+            if "loss scale:" not in rest and "lm loss:" not in rest and "learning rate:" not in rest:
                 continue  # some other "iteration N/M |" text
             pos = m.start()
             rec = Record(line=block.line_of(pos), pos=pos, step=int(m.group(1)),
                          log_time=block.log_time_at(pos), rank=block.rank_at(pos), producer=self.name)
-            for key, metric in (("lm loss", LOSS), ("loss scale", LOSS_SCALE),
-                                ("grad norm", GRAD_NORM), ("learning rate", LEARNING_RATE)):
-                raw = fields.get(key)
-                if raw is not None and (v := to_float(raw)) is not None:
+            for key, metric in _ITER_FIELDS:
+                if (v := _field(rest, key)) is not None:
                     rec.add(metric, v)
-            if (raw := fields.get("number of skipped iterations")) is not None and (v := to_float(raw)):
+            if v := _field(rest, "number of skipped iterations:"):
                 rec.add(SKIPPED_INTERVAL, v)
-            if (raw := fields.get("number of nan iterations")) is not None and (v := to_float(raw)):
+            if v := _field(rest, "number of nan iterations:"):
                 rec.add(NONFINITE_MESSAGE, v, what="nan_iterations")
             out.append(rec)
         if "validation loss" in text:
             for m in _VALID_RE.finditer(text):
-                raw = _fields(m.group(2)).get("lm loss value")
-                if raw is None or (v := to_float(raw)) is None:
+                if (v := _field(m.group(2), "lm loss value:")) is None:
                     continue
                 pos = m.start()
                 rec = Record(line=block.line_of(pos), pos=pos, step=int(m.group(1)),

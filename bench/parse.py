@@ -1,0 +1,125 @@
+"""Parsing throughput: a large Megatron-format log through the agent's reader (tailer, ANSI strip,
+every registered parser, copy filter, typed samples) against a plain Python line loop over the
+same file, measured in the same run. Also the full pipeline (series state and shipped rules).
+
+Goals (issue 3): at least 200k lines/s per core, and at most 5x the plain loop's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import common
+
+GOAL_LINES_PER_S = 200_000
+GOAL_RATIO_TO_PLAIN = 5.0
+
+
+def _write_log(path: Path, lines: int) -> None:
+    """Mostly iteration lines with the noise real Megatron logs carry between them."""
+    with open(path, "w", encoding="utf-8") as f:
+        for it in range(1, lines + 1):
+            if it % 10 == 0:
+                f.write(f" time (ms) | forward-compute: 1523.4 | backward-compute: 3120.7 | optimizer: 12.9 |\n")
+            else:
+                f.write(common.megatron_line(it, loss=6.5 - it * 1e-6, when=1_700_000_000 + it))
+
+
+def _best_of(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
+    from precision_agent.pipeline import Pipeline
+    from precision_agent.readers.logstream import LogStream
+    from precision_agent.rulefile import default_rules_dir, load_rules
+
+    with tempfile.TemporaryDirectory(prefix="pa-parse-") as tmp:
+        path = Path(tmp) / "megatron.log"
+        _write_log(path, lines)
+        size = path.stat().st_size
+
+        def plain() -> None:
+            n = 0
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for _line in f:
+                    n += 1
+
+        samples = [0]
+
+        def parse() -> None:
+            stream = LogStream(str(path))
+            try:
+                samples[0] = len(stream.finish(now=0.0))
+            finally:
+                stream.close()
+
+        rules = load_rules([default_rules_dir()])
+
+        def full() -> None:
+            stream = LogStream(str(path))
+            try:
+                Pipeline(rules.fresh()).process(stream.finish(now=0.0))
+            finally:
+                stream.close()
+
+        t_plain = _best_of(plain, repeat)
+        t_parse = _best_of(parse, repeat)
+        t_full = _best_of(full, max(1, repeat - 1))
+    return {
+        "date": common.now_iso(), "host": common.host_info(),
+        "params": {"lines": lines, "bytes": size, "repeat": repeat},
+        "plain_loop_s": t_plain, "parse_s": t_parse, "pipeline_s": t_full, "samples": samples[0],
+        "parse_lines_per_s": lines / t_parse, "pipeline_lines_per_s": lines / t_full,
+        "parse_mb_per_s": size / t_parse / 1e6,
+        "ratios": {"parse_to_plain": t_parse / t_plain,
+                   "goal_lines_per_s": GOAL_LINES_PER_S / (lines / t_parse),
+                   "goal_plain_multiple": (t_parse / t_plain) / GOAL_RATIO_TO_PLAIN},
+    }
+
+
+def report(res: dict[str, Any]) -> str:
+    p, r = res["params"], res["ratios"]
+    return "\n".join([
+        f"parse: {p['lines']} Megatron-format lines, {p['bytes'] / 1e6:.0f} MB, best of {p['repeat']}",
+        f"  plain line loop {res['plain_loop_s']:.3f} s; reader+parsers {res['parse_s']:.3f} s "
+        f"({res['parse_lines_per_s']:,.0f} lines/s, {res['parse_mb_per_s']:.1f} MB/s, {res['samples']} samples)",
+        f"  with series state and shipped rules: {res['pipeline_s']:.3f} s ({res['pipeline_lines_per_s']:,.0f} lines/s)",
+        f"  vs goal >= {GOAL_LINES_PER_S:,} lines/s: ratio goal/measured {r['goal_lines_per_s']:.2f}"
+        f" ({'within goal' if r['goal_lines_per_s'] <= 1 else 'BELOW GOAL'})",
+        f"  time vs plain loop: {r['parse_to_plain']:.1f}x (goal <= {GOAL_RATIO_TO_PLAIN:g}x: "
+        f"{'within goal' if r['goal_plain_multiple'] <= 1 else 'OVER GOAL'})",
+    ])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lines", type=int, default=None, help="log lines (default 500000, quick 20000)")
+    p.add_argument("--repeat", type=int, default=None, help="best of N (default 3, quick 1)")
+
+
+def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    q = args.quick
+    return run(lines=args.lines or (20_000 if q else 500_000), repeat=args.repeat or (1 if q else 3))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.parse", description=__doc__)
+    add_arguments(p)
+    p.add_argument("--quick", action="store_true")
+    res = run_from_args(p.parse_args(argv))
+    print(report(res))
+    print(f"written to {common.write_result('parse', res)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
