@@ -24,7 +24,7 @@ def _write_log(path: Path, lines: int) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for it in range(1, lines + 1):
             if it % 10 == 0:
-                f.write(f" time (ms) | forward-compute: 1523.4 | backward-compute: 3120.7 | optimizer: 12.9 |\n")
+                f.write(" time (ms) | forward-compute: 1523.4 | backward-compute: 3120.7 | optimizer: 12.9 |\n")
             else:
                 f.write(common.megatron_line(it, loss=6.5 - it * 1e-6, when=1_700_000_000 + it))
 

@@ -133,6 +133,11 @@ class Parser(abc.ABC):
     # are then genuine repeats, never copies from other ranks/handlers)
     copies: ClassVar[bool] = True
 
+    def record(self, block: Block, pos: int, step: int | None = None) -> Record:
+        """A record for a match starting at ``pos``: line, timestamp and rank looked up once."""
+        return Record(line=block.line_of(pos), pos=pos, step=step, log_time=block.log_time_at(pos),
+                      rank=block.rank_at(pos), producer=self.name)
+
     def wants(self, text: str) -> bool:
         return any(k in text for k in self.keywords)
 

@@ -58,8 +58,7 @@ class RegexParser(Parser):
         groups = self._groups
         for m in self.regex.finditer(block.text):
             pos = m.start()
-            rec = Record(line=block.line_of(pos), pos=pos, log_time=block.log_time_at(pos),
-                         rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos)
             if "step" in groups and (raw := m.group("step")) and (s := to_float(raw)) is not None \
                     and math.isfinite(s):
                 rec.step = int(s)

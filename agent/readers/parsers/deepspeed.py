@@ -32,8 +32,7 @@ class DeepSpeedParser(Parser):
         out: list[Record] = []
         for m in _RE.finditer(block.text):
             pos = m.start()
-            rec = Record(line=block.line_of(pos), pos=pos, log_time=block.log_time_at(pos),
-                         rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos)
             g = m.groupdict()
             if g["za"] is not None:
                 a = to_float(g["za"])

@@ -32,8 +32,7 @@ class Detectron2Parser(Parser):
         out: list[Record] = []
         for m in _RE.finditer(block.text):
             pos = m.start()
-            rec = Record(line=block.line_of(pos), pos=pos, log_time=block.log_time_at(pos),
-                         rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos)
             if m.group("bad") is not None:
                 rec.step = int(m.group("bad"))
                 rec.add(NONFINITE_MESSAGE, 1.0, what="loss")

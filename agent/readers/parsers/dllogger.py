@@ -39,8 +39,7 @@ class DLLoggerParser(Parser):
                 continue
             pos = m.start()
             st = _STEP_RE.search(rest)
-            rec = Record(line=block.line_of(pos), pos=pos, step=int(st.group(1)) if st else None,
-                         log_time=block.log_time_at(pos), rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos, int(st.group(1)) if st else None)
             for keys, metric in _METRICS:
                 raw = next((pairs[k] for k in keys if k in pairs), None)
                 if raw is not None and (v := to_float(raw)) is not None:

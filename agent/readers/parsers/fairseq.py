@@ -50,8 +50,7 @@ class FairseqParser(Parser):
         out: list[Record] = []
         for m in _RE.finditer(block.text):
             pos = m.start()
-            rec = Record(line=block.line_of(pos), pos=pos, log_time=block.log_time_at(pos),
-                         rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos)
             g = m.groupdict()
             if g["note"] is not None:
                 if (v := to_float(g["note"])) is not None:

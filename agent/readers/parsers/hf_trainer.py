@@ -48,8 +48,7 @@ class HFTrainerParser(Parser):
                     if raw.isdigit():
                         step = int(raw)
                         break
-            rec = Record(line=block.line_of(pos), pos=pos, step=step, log_time=block.log_time_at(pos),
-                         rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos, step)
             for key, metric in _METRICS.items():
                 raw = pairs.get(key)
                 if raw is not None and not raw.startswith("'") and (v := to_float(raw)) is not None:

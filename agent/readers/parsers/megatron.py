@@ -40,8 +40,7 @@ class MegatronParser(Parser):
             if "loss scale:" not in rest and "lm loss:" not in rest and "learning rate:" not in rest:
                 continue  # some other "iteration N/M |" text
             pos = m.start()
-            rec = Record(line=block.line_of(pos), pos=pos, step=int(m.group(1)),
-                         log_time=block.log_time_at(pos), rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos, int(m.group(1)))
             for key, metric in _ITER_FIELDS:
                 if (v := _field(rest, key)) is not None:
                     rec.add(metric, v)
@@ -55,8 +54,7 @@ class MegatronParser(Parser):
                 if (v := _field(m.group(2), "lm loss value:")) is None:
                     continue
                 pos = m.start()
-                rec = Record(line=block.line_of(pos), pos=pos, step=int(m.group(1)),
-                             log_time=block.log_time_at(pos), rank=block.rank_at(pos), producer=self.name)
+                rec = self.record(block, pos, int(m.group(1)))
                 rec.add(EVAL_LOSS, v)
                 out.append(rec)
             out.sort(key=lambda r: r.pos)

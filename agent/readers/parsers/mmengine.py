@@ -46,8 +46,7 @@ class MMEngineParser(Parser):
             else:
                 step = (int(m.group("ep")) - 1) * int(m.group("n")) + int(m.group("i"))
             pos = m.start()
-            rec = Record(line=block.line_of(pos), pos=pos, step=step, log_time=block.log_time_at(pos),
-                         rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos, step)
             for key, metric in _METRICS.items():
                 if key in fields and (v := to_float(fields[key])) is not None:
                     rec.add(metric, v)

@@ -29,8 +29,7 @@ class NanoGPTParser(Parser):
         for m in _RE.finditer(block.text):
             pos = m.start()
             step = m.group("it") if m.group("it") is not None else m.group("st")
-            rec = Record(line=block.line_of(pos), pos=pos, step=int(step), log_time=block.log_time_at(pos),
-                         rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos, int(step))
             for grp, metric in (("loss", LOSS), ("train", LOSS), ("val", EVAL_LOSS)):
                 if m.group(grp) is not None and (v := to_float(m.group(grp))) is not None:
                     rec.add(metric, v)

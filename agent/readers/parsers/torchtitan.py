@@ -31,8 +31,7 @@ class TorchtitanParser(Parser):
         out: list[Record] = []
         for m in _RE.finditer(block.text):
             pos = m.start()
-            rec = Record(line=block.line_of(pos), pos=pos, step=int(m.group("step")),
-                         log_time=block.log_time_at(pos), rank=block.rank_at(pos), producer=self.name)
+            rec = self.record(block, pos, int(m.group("step")))
             loss = to_float(m.group("loss"))
             if loss is not None and loss != -1.0:  # -1.0: pipeline stage without the loss
                 rec.add(LOSS, loss)

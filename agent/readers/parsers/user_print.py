@@ -59,8 +59,7 @@ class UserPrintParser(Parser):
                 end = text.find("\n", start)
                 cur_end = len(text) if end < 0 else end
                 line = text[block.line_start(start):cur_end]
-                current = Record(line=block.line_of(start), pos=start, log_time=block.log_time_at(start),
-                                 rank=block.rank_at(start), producer=self.name)
+                current = self.record(block, start)
                 s = _STEP_RE.search(line)
                 if s and (s.group(0).startswith("global") or not _EPOCH_RE.search(line)):
                     current.step = int(s.group(1))
