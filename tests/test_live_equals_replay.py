@@ -3,7 +3,6 @@ the same conclusions as `replay` on the finished file: same scale trajectory, sa
 steps, same findings per rule."""
 
 import json
-import os
 import random
 import subprocess
 import sys
