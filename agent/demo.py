@@ -70,7 +70,7 @@ def run_demo(duration: float | None = None, listen: str | None = None) -> int:
     logs = tmp / "logs"
     logs.mkdir()
     config = Config(listen=_free_listen(listen), state_dir=tmp / "state", resync_interval=5.0,
-                    watches=[Watch(path=logs, labels={"job": "demo", "run": "gpt-demo"})],
+                    watches=[Watch(path=logs, labels={"cluster": "demo", "run": "gpt-demo"})],
                     limits=Limits(nice=0, io_idle=False))
     t0 = time.monotonic()
     lock = threading.Lock()
