@@ -215,8 +215,14 @@ class Agent:
             samples = stream.poll(self.config.limits.read_budget_bytes)
             for event, message in stream.tailer.drain_events():
                 self._tail_event(path, event, message)
+            for message in stream.parser.errors:
+                self.health.error("parse", "%s: %s", path, message)
+            stream.parser.errors.clear()
             if samples:
                 self.pipeline.process(samples)
+            for message in self.pipeline.errors:
+                self.health.error("internal", "%s", message)
+            self.pipeline.errors.clear()
             st = stream.stats
             if st.lines != before[0]:
                 self.health.inc("log_lines_read", st.lines - before[0])

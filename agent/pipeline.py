@@ -7,6 +7,7 @@ state (the HTTP exporter) take ``snapshot()`` copies under ``lock``.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from typing import Callable, Iterable
@@ -16,6 +17,8 @@ from .detectors import Clear, Detector, Hit
 from .model import Finding, Labels, Sample
 from .rulefile import Rule, RuleSet
 from .series import SeriesState
+
+log = logging.getLogger(__name__)
 
 
 class Pipeline:
@@ -29,6 +32,7 @@ class Pipeline:
         self.keep_findings = keep_findings          # replay keeps every finding; the daemon none
         self.findings: list[Finding] = []
         self.on_accepted: Callable[[Sample, SeriesState], None] | None = None  # replay's tap
+        self.errors: list[str] = []  # detector failures, drained by the owner (counted as errors)
         self.dirty_series: set[Labels] = set()  # series changed since the last state commit
         self.lock = threading.RLock()
         self._rules_by_name: dict[str, Rule] = {}
@@ -66,10 +70,19 @@ class Pipeline:
                     for rule in self.rules.rules_for(accepted.metric):
                         if not rule.matches(accepted.labels):
                             continue
-                        f = self._signal(rule, rule.detector.observe(accepted, series), accepted.time)
+                        try:
+                            signal = rule.detector.observe(accepted, series)
+                        except Exception as exc:  # one broken rule must not stop the others
+                            self._detector_failed(rule, exc)
+                            continue
+                        f = self._signal(rule, signal, accepted.time)
                         if f is not None:
                             out.append(f)
         return out
+
+    def _detector_failed(self, rule: Rule, exc: Exception) -> None:
+        log.exception("rule %s (%s) failed", rule.name, rule.spec.kind)
+        self.errors.append(f"rule {rule.name} ({rule.spec.kind}) failed: {exc!r}")
 
     def _signal(self, rule: Rule, signal: Hit | Clear | None, now: float) -> Finding | None:
         if isinstance(signal, Hit):
@@ -107,7 +120,12 @@ class Pipeline:
             for rule in self._tick_rules:
                 for series in self.series.values():
                     if rule.matches(series.labels):
-                        self._signal(rule, rule.detector.tick(now, series), now)
+                        try:
+                            signal = rule.detector.tick(now, series)
+                        except Exception as exc:
+                            self._detector_failed(rule, exc)
+                            continue
+                        self._signal(rule, signal, now)
             self.alerts.tick(self._rules_by_name, now)
 
 

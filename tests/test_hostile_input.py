@@ -54,3 +54,28 @@ def test_binary_garbage_huge_line_and_nuls(tmp_path):
         stream.close()
     assert stream.stats.truncated_lines >= 1
     assert [(s.metric, s.value) for s in samples if s.step == 7][:2] == [("loss", 2.5), ("loss_scale", 1024.0)]
+
+
+def test_a_failing_parser_or_rule_is_contained(tmp_path, monkeypatch):
+    """A bug in one parser or one detector costs that parser/rule, not the file or the batch."""
+    from precision_agent.detectors.loss_scale import LossScaleDetector
+    from precision_agent.pipeline import Pipeline
+    from precision_agent.readers.parsers.deepspeed import DeepSpeedParser
+    from precision_agent.rulefile import default_rules_dir, load_rules
+
+    def boom(self, *a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(DeepSpeedParser, "parse", boom)
+    monkeypatch.setattr(LossScaleDetector, "observe", boom)
+    path = tmp_path / "x.log"
+    path.write_text(" iteration        7/     100 | lm loss: nan | loss scale: 1.0 | grad norm: 1.0 |"
+                    " number of skipped iterations:   0 | number of nan iterations:   0 |\n"
+                    "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 4, reducing to 2\n")
+    stream = LogStream(str(path), {})
+    samples = stream.finish()
+    assert any("deepspeed parser failed" in e for e in stream.parser.errors)
+    p = Pipeline(load_rules([default_rules_dir()]))
+    findings = p.process(samples)
+    assert {f.rule for f in findings} == {"TrainingNonFinite"}  # the NaN loss still pages
+    assert any("LossScale" in e for e in p.errors)

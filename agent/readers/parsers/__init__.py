@@ -65,6 +65,7 @@ class CompositeParser:
             raise UnknownFormat("format 'custom' needs a pattern")
         self.fixed = fmt != "auto"
         self.counts: dict[str, int] = {p.name: 0 for p in self.parsers}
+        self.errors: list[str] = []  # parser failures, drained by the reader that owns this parser
         self._specific: dict[str, bool] = {p.name: p.priority < FALLBACK_PRIORITY for p in self.parsers}
 
     @property
@@ -87,7 +88,11 @@ class CompositeParser:
         for parser in self.parsers:
             if not parser.wants(probe.text):  # keywords are looked for in unclaimed lines only
                 continue
-            records = parser.parse(current)
+            try:
+                records = parser.parse(current)
+            except Exception as exc:  # a parser bug must not wedge the file: skip it for this block
+                self.errors.append(f"{parser.name} parser failed on lines {block.first_line}..: {exc!r}")
+                continue
             if not records:
                 continue
             self.counts[parser.name] += len(records)
