@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # bench/ is a top-level package of the repo, not installed
     sys.path.insert(0, str(ROOT))
 
-from bench import common, idle, latency, parse  # noqa: E402
+from bench import common, idle, latency, parse, scan  # noqa: E402
 
 if not Path("/proc/self/stat").exists():  # pragma: no cover - the agent targets Linux hosts
     pytest.skip("the benches read /proc", allow_module_level=True)
@@ -100,3 +100,10 @@ def test_parse_bench_reports_same_run_ratios():
     assert res["plain_loop_s"] > 0 and res["parse_s"] > 0 and res["pipeline_s"] > 0
     assert res["ratios"]["parse_to_plain"] == res["parse_s"] / res["plain_loop_s"]
     assert "lines/s" in parse.report(res)
+
+
+def test_scan_bench_reports_same_run_ratios():
+    res = scan.run(size_mib=8, file_mib=16, repeat=1)
+    assert res["sum_s"] > 0 and res["scan_f32_s"] > 0 and res["peak_rss_mb"] > 0
+    assert abs(res["ratios"]["f32_to_sum"] - res["sum_s"] / res["scan_f32_s"]) < 1e-12
+    assert "ratio" in scan.report(res) or "goal" in scan.report(res)

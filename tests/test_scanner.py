@@ -1,0 +1,161 @@
+"""The dump scanner's statistics equal a naive float64 reference, for every dtype, on random
+arrays with NaN, +-Inf, subnormals, zeros, fp16 saturation, empty and 0-d arrays, non-contiguous
+views and tiny blocks (block boundaries everywhere)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from precision_agent.dumps.scanner import FP16_MAX, scan_array, scan_file_npy
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def bf16_to_f64(words: np.ndarray) -> np.ndarray:
+    return (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def reference(a: np.ndarray, bf16: bool = False) -> dict:
+    """Naive float64 reference over the whole array."""
+    x = bf16_to_f64(np.asarray(a).reshape(-1)) if bf16 else np.asarray(a).astype(np.float64).reshape(-1)
+    fin = x[np.isfinite(x)]
+    ref = {"count": x.size, "nan": int(np.isnan(x).sum()), "pos_inf": int((x == np.inf).sum()),
+           "neg_inf": int((x == -np.inf).sum()),
+           "zero_fraction": (int((x == 0).sum()) / x.size) if x.size else None,
+           "fp16_saturated": int((np.abs(fin) >= FP16_MAX).sum()) if a.dtype == np.float16 else 0}
+    if fin.size:
+        ref.update(min=float(fin.min()), max=float(fin.max()), mean=float(np.sum(fin)) / fin.size,
+                   l2norm=math.sqrt(float(np.sum(fin * fin))), abs_mean=float(np.mean(np.abs(fin))),
+                   rms=math.sqrt(float(np.mean(fin * fin))))
+    else:
+        ref.update(min=None, max=None, mean=None, l2norm=None)
+    return ref
+
+
+def check(stats, ref) -> None:
+    for k in ("count", "nan", "pos_inf", "neg_inf", "fp16_saturated", "min", "max", "zero_fraction"):
+        assert getattr(stats, k) == ref[k], (k, getattr(stats, k), ref[k])
+    if ref["mean"] is None:
+        assert stats.mean is None and stats.l2norm is None
+        return
+    # Sums accumulate in float64 in both, but in a different order (blocked BLAS dot + fsum vs
+    # numpy pairwise); with cancellation the relative error of the *sum* is unbounded for both,
+    # so the bound is relative to mean(|x|) (resp. the norm itself), the condition-independent one.
+    assert abs(stats.mean - ref["mean"]) <= 1e-9 * ref["abs_mean"] + 1e-300, (stats.mean, ref["mean"])
+    if math.isinf(ref["l2norm"]):
+        assert math.isinf(stats.l2norm)
+    else:
+        assert stats.l2norm == pytest.approx(ref["l2norm"], rel=1e-9, abs=1e-300)
+
+
+SPECIAL32 = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, -1e-45, 3.4e38, -3.4e38, 1.0, -2.5]
+SPECIAL16 = [0.0, -0.0, np.nan, np.inf, -np.inf, 6e-8, -6e-5, FP16_MAX, -FP16_MAX, 65000.0, 1.0]
+
+
+def float_elems(dtype):
+    if dtype == np.float16:
+        base = st.floats(width=16, allow_nan=True, allow_infinity=True)
+        return st.one_of(base, st.sampled_from(SPECIAL16))
+    if dtype == np.float32:
+        return st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True), st.sampled_from(SPECIAL32))
+    # float64: |x| <= 1e150 so that squares cannot overflow (both sides would, in different
+    # orders); Inf/NaN and float64 subnormals still included
+    return st.one_of(st.floats(min_value=-1e150, max_value=1e150), st.sampled_from(
+        [np.nan, np.inf, -np.inf, 5e-324, -2.2e-308, 0.0, -0.0]))
+
+
+shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=9)
+blocks = st.sampled_from([1, 3, 7, 64, 1 << 16])
+views = st.sampled_from(["plain", "step2", "transpose", "reversed"])
+
+
+def make_view(a: np.ndarray, how: str) -> np.ndarray:
+    if a.ndim == 0 or how == "plain":
+        return a
+    if how == "step2":
+        return a[::2]
+    if how == "transpose":
+        return a.T
+    return a[::-1]
+
+
+@SETTINGS
+@given(data=st.data(), dtype=st.sampled_from([np.float16, np.float32, np.float64]), block=blocks, how=views)
+def test_float_dtypes_match_reference(data, dtype, block, how):
+    a = data.draw(hnp.arrays(dtype, shapes, elements=float_elems(dtype)))
+    v = make_view(a, how)
+    check(scan_array(v, block_elems=block), reference(v))
+
+
+@SETTINGS
+@given(data=st.data(), block=blocks, how=views)
+def test_bfloat16_matches_reference(data, block, how):
+    f = data.draw(hnp.arrays(np.float32, shapes, elements=float_elems(np.float32)))
+    words = (f.view(np.uint32) >> 16).astype(np.uint16)  # the high half: a bf16 word
+    v = make_view(words, how)
+    s = scan_array(v, dtype="bfloat16", block_elems=block)
+    assert s.dtype == "bfloat16"
+    check(s, reference(v, bf16=True))
+
+
+@SETTINGS
+@given(data=st.data(), dtype=st.sampled_from([np.int8, np.int32, np.int64, np.uint8, np.bool_]),
+       block=blocks, how=views)
+def test_integer_dtypes_match_reference(data, dtype, block, how):
+    a = data.draw(hnp.arrays(dtype, shapes))
+    v = make_view(a, how)
+    s = scan_array(v, block_elems=block)
+    check(s, reference(v))
+    if v.size:  # exact integer extremes
+        assert s.min == float(int(v.min())) and s.max == float(int(v.max()))
+
+
+def test_fp16_saturation_and_nonfinite_counts():
+    a = np.array([FP16_MAX, -FP16_MAX, 65000, np.inf, -np.inf, np.nan, 0, 1], np.float16)
+    s = scan_array(a, block_elems=3)
+    assert (s.fp16_saturated, s.pos_inf, s.neg_inf, s.nan, s.count) == (2, 1, 1, 1, 8)
+    assert (s.min, s.max) == (-FP16_MAX, FP16_MAX)
+    assert scan_array(a.astype(np.float32)).fp16_saturated == 0  # only for float16 tensors
+
+
+def test_fp16_subnormals_exact():
+    words = np.arange(0, 1 << 16, dtype=np.uint16)  # every half value, subnormals included
+    h = words.view(np.float16)
+    for block in (7, 1 << 16):
+        check(scan_array(h, block_elems=block), reference(h))
+
+
+def test_all_nonfinite_and_empty():
+    s = scan_array(np.array([np.nan, np.inf], np.float32))
+    assert s.min is s.max is s.mean is s.l2norm is None and s.zero_fraction == 0.0
+    e = scan_array(np.zeros((3, 0), np.float64))
+    assert e.count == 0 and e.zero_fraction is None and e.mean is None and e.shape == (3, 0)
+    z = scan_array(np.array(-0.0))
+    assert (z.count, z.zero_fraction, z.min, z.l2norm) == (1, 1.0, 0.0, 0.0)
+
+
+def test_unsupported_dtype():
+    with pytest.raises(TypeError):
+        scan_array(np.zeros(3, np.complex64))
+
+
+def test_memmap_larger_than_block(tmp_path):
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((300, 1001)).astype(np.float32)
+    a[5, 7] = np.nan
+    a[100, :3] = np.inf
+    a[200, 9] = 0
+    path = tmp_path / "t.npy"
+    np.save(path, a)
+    s = scan_file_npy(str(path))
+    check(s, reference(a))
+    assert s.shape == (300, 1001) and s.path == str(path)
+    check(scan_file_npy(str(path), block_elems=4099), reference(a))
+    mm = np.load(path, mmap_mode="r")
+    check(scan_array(mm[:, ::3], block_elems=1000), reference(a[:, ::3]))  # strided memmap view
