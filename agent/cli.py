@@ -123,6 +123,21 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if bad else EXIT_OK
 
 
+def cmd_scan(args: argparse.Namespace) -> int:
+    from .dumps.scan import format_report, scan
+    path = Path(args.path)
+    if not path.exists():
+        print(f"precision-agent: {path}: no such file or directory", file=sys.stderr)
+        return EXIT_CONFIG
+    result = scan(path, args.step)
+    if args.json:
+        json.dump(json_safe(result), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_report(result))
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     return run_demo(duration=args.duration, listen=args.listen)
@@ -152,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
                                       "loss_scale, lr, eval_loss, overflow, nonfinite)")
     rp.add_argument("--rules", action="append", metavar="DIR", help="rule directory (default: shipped rules)")
     rp.set_defaults(func=cmd_replay)
+
+    sc = sub.add_parser("scan", help="scan tensor dumps: per-tensor statistics and the first bad op")
+    sc.add_argument("path", help="a dump directory (msprobe, CANN, MindSpore, .npy/.npz tree) or file")
+    sc.add_argument("--json", action="store_true", help="print one JSON object")
+    sc.add_argument("--step", type=int, default=None, help="only this step")
+    sc.set_defaults(func=cmd_scan)
 
     ru = sub.add_parser("rules", help="rule-file tools")
     rsub = ru.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")

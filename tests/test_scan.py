@@ -1,0 +1,86 @@
+"""`precision-agent scan`: statistics per tensor and the first bad op, on the msprobe corpus
+(GROUND_TRUTH.md), on generated CANN dumps and .npy trees, and with unreadable files among them."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import dump_writers as W
+from conftest import corpus_path
+from precision_agent.dumps.scan import scan
+
+MSPROBE_FIRST = {  # set -> first non-finite (op, tensor, step) per corpus/msprobe/GROUND_TRUTH.md
+    "bench": None, "same": None, "drift": None, "stats_bench": None, "stats_drift": None,
+    "nan": ("Functional.mse_loss.0.forward", "output[0]", 1),
+    "stats_nan": ("Functional.mse_loss.0.forward", "output[0]", 1),
+}
+
+
+def cli_scan(path, *extra):
+    proc = subprocess.run([sys.executable, "-m", "precision_agent", "scan", "--json", str(path), *extra],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.corpus
+@pytest.mark.parametrize("name", sorted(MSPROBE_FIRST))
+def test_msprobe_corpus_first_nonfinite(name):
+    r = cli_scan(corpus_path("msprobe", name))
+    assert r["layout"] == "msprobe" and r["errors"] == [] and len(r["tensors"]) > 300
+    expected = MSPROBE_FIRST[name]
+    if expected is None:
+        assert r["first_nonfinite"] is None and not any(t["nan"] or t["pos_inf"] or t["neg_inf"]
+                                                        for t in r["tensors"])
+    else:
+        f = r["first_nonfinite"]
+        assert (f["op"], f["tensor"], f["step"], f["rank"]) == (*expected, 0)
+        assert r["findings"][0]["rule"] == "DumpNonFinite"
+
+
+@pytest.mark.corpus
+def test_step_filter():
+    assert cli_scan(corpus_path("msprobe", "nan"), "--step", "0")["first_nonfinite"] is None
+
+
+def test_cann_dumps_first_bad_op_and_fp16_saturation(tmp_path):
+    d = tmp_path / "dump"
+    d.mkdir()
+    good = np.ones((2, 3), np.float32)
+    bad = good.copy()
+    bad[1, 2] = np.inf
+    sat = np.array([1.0, 65504.0, -65504.0], np.float16)
+    ops = [("MatMul", "layer0_matmul", [good, good], [good]),
+           ("Add", "layer1_add", [good], [bad]),          # finite in, Inf out: the first bad op
+           ("Mul", "layer2_mul", [bad], [bad]),            # Inf in: propagation, not the origin
+           ("Cast", "layer3_cast", [good], [sat])]
+    for i, (op_type, name, ins, outs) in enumerate(ops):
+        W.write_cann_dump(str(d / W.dump_name(op_type, name, i + 1, 0, 1_700_000_000_000 + i)),
+                          inputs=[W.tensor(a) for a in ins], outputs=[W.tensor(a) for a in outs])
+    (d / W.dump_name("Relu", "broken", 9, 0, 1_700_000_000_009)).write_bytes(b"\x10\x00\x00\x00garbage")
+    r = scan(d)
+    assert r["layout"] == "cann"
+    assert r["first_nonfinite"]["op"] == "layer1_add" and r["first_nonfinite"]["tensor"] == "output[0]"
+    assert [e["path"].endswith("1700000000009") for e in r["errors"]] == [True]  # reported, scan went on
+    sat_stats = [t for t in r["tensors"] if t["name"] == "layer3_cast" and t["io"] == "output"]
+    assert sat_stats[0]["fp16_saturated"] == 2
+    assert {f["rule"] for f in r["findings"]} == {"DumpNonFinite", "DumpFp16Saturation"}
+
+
+def test_npy_tree_and_corrupt_file(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(10, dtype=np.float32))
+    x = np.zeros(4, np.float64)
+    x[2] = np.nan
+    np.save(tmp_path / "b.npy", x)
+    (tmp_path / "c.npy").write_bytes(b"\x93NUMPY\x01\x00garbage")
+    r = cli_scan(tmp_path)
+    assert r["layout"] == "npy" and len(r["tensors"]) == 2 and len(r["errors"]) == 1
+    (a, b) = r["tensors"]
+    assert a["count"] == 10 and a["max"] == 9.0 and a["zero_fraction"] == 0.1
+    assert b["nan"] == 1 and r["first_nonfinite"]["op"] == "b.npy"
+    text = subprocess.run([sys.executable, "-m", "precision_agent", "scan", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60).stdout
+    assert "first bad op: b.npy" in text and "unreadable:" in text
