@@ -87,14 +87,21 @@ class Watch(_Strict):
     path: Path
     kind: Literal["log", "dump"] = "log"
     recursive: bool = True
-    include: list[str] = Field(default_factory=lambda: ["*.log", "*.txt", "*.out", "*.err", "*.jsonl"])
-    exclude: list[str] = Field(default_factory=lambda: ["*.gz", "*.bz2", "*.xz", "*.zst", "*.zip"])
+    include: list[str] | None = None  # default: log files for a log watch, every file for a dump watch
+    exclude: list[str] = Field(default_factory=lambda: ["*.gz", "*.bz2", "*.xz", "*.zst", "*.zip", "*.tmp"])
     format: str = "auto"
     pattern: str | None = None  # a user-defined format: a regex with named groups (step, loss, ...)
     labels: dict[str, LabelValue] = Field(default_factory=dict)
     start_at_end: bool = False  # for a log that existed before the agent ever saw it
 
     _check_labels = field_validator("labels")(check_labels)
+
+    @property
+    def patterns(self) -> list[str]:
+        """The include globs in force."""
+        if self.include is not None:
+            return self.include
+        return ["*.log", "*.txt", "*.out", "*.err", "*.jsonl"] if self.kind == "log" else ["*"]
 
     @field_validator("format")
     @classmethod
@@ -141,6 +148,7 @@ class Config(_Strict):
     resync_interval: Duration = 30.0
     evaluation_interval: Duration = 1.0
     debounce: Duration = 0.05
+    dump_settle: Duration = 5.0  # a dump directory is scanned once it has been quiet this long
     series_ttl: Duration = 86400.0  # forget a run's series this long after its last record
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     watches: list[Watch] = Field(default_factory=list)

@@ -34,6 +34,7 @@ from .readers.tailer import TailEvent, TailPosition
 from .rulefile import RuleSet, default_rules_dir, load_rules
 from .sources.queue import ChangeQueue
 from .sources.watcher import TreeWatcher, walk, watch_for
+from .dumps.schedule import DumpScheduler, ScanResult, result_sample
 from .state import StateError, StateStore
 from .exporters.http import HttpExporter
 from .exporters.metrics import AgentCollector
@@ -52,6 +53,7 @@ class Agent:
         self.offsets: dict[str, TailPosition] = {}
         self.rule_dirs = ([default_rules_dir()] if config.default_rules else []) + list(config.rule_dirs)
         self.store = StateStore(config.state_dir)
+        self.dumps = DumpScheduler(config.dump_settle, 64, {})
         self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series)
         self._rule_mtimes: dict[str, float] = {}
         self._forget: set[str] = set()  # offsets to delete at the next commit
@@ -74,9 +76,7 @@ class Agent:
     def start(self) -> None:
         lower_priority(self.config.limits.nice, self.config.limits.io_idle)  # before threads start
         for w in self.config.watches:
-            if w.kind == "dump":
-                log.warning("%s: dump watches are accepted but not scanned by this version", w.path)
-            elif not w.path.exists():
+            if not w.path.exists():
                 log.warning("%s does not exist yet; it will be picked up when it appears", w.path)
         self._load_state()
         self.reload_rules(initial=True)
@@ -92,6 +92,7 @@ class Agent:
         self.scheduler.start()
         self._worker = threading.Thread(target=self._work, name="worker", daemon=True)
         self._worker.start()
+        self.dumps.start()
         self.queue.request_resync()  # first pass: catch up with everything already on disk
 
     def run_forever(self) -> int:
@@ -119,6 +120,7 @@ class Agent:
         self.queue.wake()
         if self._worker is not None:
             self._worker.join(timeout=30)
+        self.dumps.stop()
         self.watcher.stop()
         self.http.stop()
         for s in self.streams.values():
@@ -153,6 +155,9 @@ class Agent:
                 if batch.resync:
                     paths += self._resync()
                 touched = self._read(dict.fromkeys(paths))
+                self.dumps.due()
+                for result in self.dumps.drain():
+                    self._dump_result(result)
                 now = time.time()
                 self._expired.extend(self.pipeline.expire(now, self.config.series_ttl))
                 self.pipeline.tick(now)
@@ -177,6 +182,9 @@ class Agent:
         for w in self.config.watches:
             if w.kind == "log":
                 candidates.update(dict.fromkeys(walk(w, self.config.limits.max_files)))
+            else:
+                for f in walk(w, self.config.limits.max_files):
+                    self.dumps.touched(f, 0.0)  # due() scans it only if it changed since its last scan
         candidates.update(dict.fromkeys(self.streams))
         changed: list[str] = []
         for path in candidates:
@@ -208,6 +216,10 @@ class Agent:
             if self.stop_event.is_set():
                 break
             self.heartbeat = time.monotonic()  # a long catch-up pass is progress, not a hang
+            if path not in self.streams and (w := watch_for(self.config.watches, path)) is not None \
+                    and w.kind == "dump":
+                self.dumps.touched(path)
+                continue
             stream = self.streams.get(path) or self._open(path)
             if stream is None:
                 continue
@@ -273,6 +285,26 @@ class Agent:
         self.streams[path] = stream
         log.info("following %s", path)
         return stream
+
+    def _dump_result(self, r: ScanResult) -> None:
+        """A scanned dump directory: count it, report unreadable files, feed the first bad op to
+        the rules, and remember its signature so it is not scanned again."""
+        if r.error is not None or r.result is None:
+            self.health.error("scan", "%s: %s", r.unit, r.error)
+            return
+        res = r.result
+        self.health.inc("dump_files_scanned", r.signature[0])
+        for e in res["errors"]:
+            self.health.error("scan", "%s: %s", e["path"], e["reason"])
+        watch = watch_for(self.config.watches, os.path.join(r.unit, "x")) or watch_for(self.config.watches, r.unit)
+        sample = result_sample(r, watch.labels if watch is not None else {})
+        if sample is not None:
+            self.pipeline.process([sample])
+        try:
+            self.store.record_scanned(r.unit, 0, 0, r.signature[1], r.signature[2] / 1e9,
+                                      ",".join(map(str, r.signature)))
+        except StateError as exc:
+            self.health.error("state", "could not record the scan of %s: %s", r.unit, exc)
 
     def _tail_event(self, path: str, event: TailEvent, message: str) -> None:
         name = event.name
@@ -354,6 +386,11 @@ class Agent:
 
     def _load_state(self) -> None:
         self.offsets = self.store.load_offsets()
+        for unit, (_dev, _ino, _size, _mtime, status) in self.store.load_scanned().items():
+            try:
+                self.dumps.scanned[unit] = tuple(int(x) for x in status.split(","))
+            except ValueError:
+                continue
         alerts = self.store.load_alerts()
         self.pipeline.alerts.load(alerts)
         for st in self.store.load_series():

@@ -22,6 +22,7 @@ LEARNING_RATE = "lr"
 OVERFLOW = "overflow"          # one overflow/skipped-step event (value 1)
 SKIPPED_INTERVAL = "skipped_in_interval"  # skipped steps counted over one log interval (Megatron)
 SKIPPED_CUMULATIVE = "skipped_cumulative"  # running skip counter printed by the trainer (DeepSpeed)
+DUMP_NONFINITE = "dump_nonfinite"  # a scanned dump whose first bad op was found (attrs: op, tensor, ...)
 NONFINITE_MESSAGE = "nonfinite_message"  # an explicit trainer message that loss became NaN/Inf
 
 TRAINING_METRICS = (LOSS, EVAL_LOSS, GRAD_NORM, LOSS_SCALE, LEARNING_RATE)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import dump_writers as W
-from conftest import corpus_path
+from conftest import corpus_path, wait_for
 from precision_agent.dumps.scan import scan
 
 MSPROBE_FIRST = {  # set -> first non-finite (op, tensor, step) per corpus/msprobe/GROUND_TRUTH.md
@@ -84,3 +84,25 @@ def test_npy_tree_and_corrupt_file(tmp_path):
     text = subprocess.run([sys.executable, "-m", "precision_agent", "scan", str(tmp_path)], capture_output=True,
                           text=True, timeout=60).stdout
     assert "first bad op: b.npy" in text and "unreadable:" in text
+
+
+def test_scheduler_waits_for_quiet_and_never_rescans_unchanged(tmp_path):
+    from precision_agent.dumps.schedule import DumpScheduler, unit_of
+    step = tmp_path / "step1"
+    step.mkdir()
+    np.save(step / "a.npy", np.ones(3, np.float32))
+    sched = DumpScheduler(settle=5.0, queue_size=1, scanned={})
+    sched.touched(str(step / "a.npy"), now=100.0)
+    sched.due(now=102.0)
+    assert sched.queue.empty()                          # not quiet for 5 s yet
+    sched.due(now=106.0)
+    assert sched.queue.qsize() == 1 and not sched.pending
+    sched.start()
+    wait_for(lambda: sched.inbox, what="scan result")
+    (r,) = sched.drain()
+    assert r.error is None and r.result["first_nonfinite"] is None and sched.scanned[str(step)] == r.signature
+    sched.touched(str(step / "a.npy"), now=200.0)
+    sched.due(now=300.0)
+    assert sched.queue.empty() and not sched.pending    # same signature: not scanned again
+    sched.stop()
+    assert unit_of("/d/step1/rank0/dump_tensor_data/x.pt") == "/d/step1/rank0"

@@ -31,7 +31,7 @@ def matches(watch: Watch, path: str) -> bool:
     name = os.path.basename(path)
     if any(fnmatch.fnmatch(name, pat) for pat in watch.exclude):
         return False
-    return any(fnmatch.fnmatch(name, pat) for pat in watch.include)
+    return any(fnmatch.fnmatch(name, pat) for pat in watch.patterns)
 
 
 def watch_for(watches: list[Watch], path: str) -> Watch | None:
