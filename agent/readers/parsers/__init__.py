@@ -7,27 +7,12 @@ the lower priority number wins (specific producers before generic fallbacks).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
+from ...registry import discover
 from .base import Block, Parser, Record
 
 
-def _discover() -> tuple[type[Parser], ...]:
-    for mod in pkgutil.iter_modules(__path__):
-        if mod.name != "base" and not mod.name.startswith("_"):
-            importlib.import_module(f"{__name__}.{mod.name}")
-    found: dict[str, type[Parser]] = {}
-    stack = list(Parser.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        if getattr(cls, "name", None) and not getattr(cls, "__abstractmethods__", None):
-            found[cls.name] = cls
-    return tuple(sorted(found.values(), key=lambda c: (c.priority, c.name)))
-
-
-PARSERS: tuple[type[Parser], ...] = _discover()
+PARSERS: tuple[type[Parser], ...] = tuple(sorted(discover(__name__, __path__, Parser, "name"),
+                                                 key=lambda c: (c.priority, c.name)))
 FORMATS: tuple[str, ...] = tuple(p.name for p in PARSERS)
 
 
