@@ -2,8 +2,10 @@
 (GROUND_TRUTH.md), on generated CANN dumps and .npy trees, and with unreadable files among them."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -91,6 +93,7 @@ def test_scheduler_waits_for_quiet_and_never_rescans_unchanged(tmp_path):
     step = tmp_path / "step1"
     step.mkdir()
     np.save(step / "a.npy", np.ones(3, np.float32))
+    os.utime(step / "a.npy", (time.time() - 3600, time.time() - 3600))  # written an hour ago
     sched = DumpScheduler(settle=5.0, queue_size=1, scanned={})
     sched.touched(str(step / "a.npy"), now=100.0)
     sched.due(now=102.0)
@@ -106,3 +109,12 @@ def test_scheduler_waits_for_quiet_and_never_rescans_unchanged(tmp_path):
     assert sched.queue.empty() and not sched.pending    # same signature: not scanned again
     sched.stop()
     assert unit_of("/d/step1/rank0/dump_tensor_data/x.pt") == "/d/step1/rank0"
+
+
+def test_scheduler_does_not_scan_a_directory_written_moments_ago(tmp_path):
+    from precision_agent.dumps.schedule import DumpScheduler
+    np.save(tmp_path / "a.npy", np.ones(3, np.float32))  # mtime: now
+    sched = DumpScheduler(settle=60.0, queue_size=4, scanned={})
+    sched.touched(str(tmp_path / "a.npy"), now=0.0)      # e.g. found by a resync: no event time
+    sched.due()
+    assert sched.queue.empty() and sched.pending        # still pending until the file is 60 s old

@@ -2,7 +2,7 @@
 
 A training job writes a dump directory file by file; scanning half a directory would report
 nonsense (or the same op twice). A directory is therefore scanned once it has been quiet for
-``settle`` seconds, and only if its signature (file count, total size, newest mtime) differs from
+``settle`` seconds (no change event, and no file modified, for that long), and only if its signature (file count, total size, newest mtime) differs from
 the one already scanned: a restart, or an event for an unchanged file, scans nothing again.
 Scans run one at a time on their own thread, fed by a bounded queue; results come back through
 an inbox the main worker drains, so the pipeline keeps a single owner.
@@ -109,6 +109,8 @@ class DumpScheduler:
             if sig is None or self.scanned.get(unit) == sig:
                 del self.pending[unit]
                 continue
+            if time.time() - sig[2] / 1e9 < self.settle:
+                continue  # a file in it was written moments ago: the job may still be writing
             try:
                 self.queue.put_nowait((unit, sig))
             except queue.Full:
