@@ -144,7 +144,11 @@ class Agent:
 
     # -- the worker ----------------------------------------------------------------------------
     def _work(self) -> None:
-        first = True
+        # Ready as soon as the watches are set up and the worker runs: catching up on a large
+        # backlog can take minutes, and systemd must not time the start out meanwhile (the
+        # progress is visible in precision_agent_log_lines_read_total).
+        self.health.set("ready", 1)
+        sd_notify(f"READY=1\nSTATUS=watching {len(self.config.watches)} path(s)")
         while not self.stop_event.is_set():
             batch = self.queue.get(self.config.evaluation_interval, self.config.debounce)
             self.heartbeat = time.monotonic()
@@ -166,10 +170,6 @@ class Agent:
             except Exception:  # never let one bad batch kill the agent
                 log.exception("unexpected error in worker")
                 self.health.error("internal", "unexpected error in worker (see traceback above)")
-            if first:
-                first = False
-                self.health.set("ready", 1)
-                sd_notify(f"READY=1\nSTATUS=watching {len(self.config.watches)} path(s)")
         self._commit(set(self.streams))
 
     def _resync(self) -> list[str]:
