@@ -8,6 +8,8 @@ floor) and its version; the agent under test always runs as a separate process, 
 
 from __future__ import annotations
 
+import argparse
+
 import datetime as _dt
 import http.client
 import json
@@ -324,3 +326,28 @@ def ratio_text(value: float, goal: float, unit: str = "", fmt: str = "{:.3g}") -
     r = value / goal
     verdict = "within goal" if r < 1 else "OVER GOAL"
     return f"{fmt.format(value)}{unit} vs goal < {fmt.format(goal)}{unit}: ratio {r:.3f} ({verdict})"
+
+
+def best_of(fn: Any, repeat: int) -> float:
+    """The shortest wall time of ``repeat`` calls of ``fn`` (seconds)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def bench_main(module: Any, name: str, argv: list[str] | None = None) -> int:
+    """``python -m bench.<name>``: the module's own options plus --quick and --results-dir;
+    run it, write bench/results/<name>.json, print the report."""
+    p = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=(module.__doc__ or "").split("\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--results-dir", type=Path, default=None)
+    module.add_arguments(p)
+    args = p.parse_args(argv)
+    res = module.run_from_args(args)
+    path = write_result(name, res, args.results_dir)
+    print(module.report(res))
+    print(f"  (written to {path})")
+    return 0

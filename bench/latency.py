@@ -209,16 +209,7 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.latency", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--results-dir", type=Path, default=None)
-    add_arguments(p)
-    args = p.parse_args(argv)
-    res = run_from_args(args)
-    path = common.write_result(NAME, res, args.results_dir)
-    print(report(res))
-    print(f"  (written to {path})")
-    return 0
+    return common.bench_main(sys.modules[__name__], NAME, argv)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ Goals (issue 3): at least 200k lines/s per core, and at most 5x the plain loop's
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +27,6 @@ def _write_log(path: Path, lines: int) -> None:
                 f.write(" time (ms) | forward-compute: 1523.4 | backward-compute: 3120.7 | optimizer: 12.9 |\n")
             else:
                 f.write(common.megatron_line(it, loss=6.5 - it * 1e-6, when=1_700_000_000 + it))
-
-
-def _best_of(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
@@ -72,9 +63,9 @@ def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
             finally:
                 stream.close()
 
-        t_plain = _best_of(plain, repeat)
-        t_parse = _best_of(parse, repeat)
-        t_full = _best_of(full, max(1, repeat - 1))
+        t_plain = common.best_of(plain, repeat)
+        t_parse = common.best_of(parse, repeat)
+        t_full = common.best_of(full, max(1, repeat - 1))
     return {
         "date": common.now_iso(), "host": common.host_info(),
         "params": {"lines": lines, "bytes": size, "repeat": repeat},
@@ -112,13 +103,7 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.parse", description=__doc__)
-    add_arguments(p)
-    p.add_argument("--quick", action="store_true")
-    res = run_from_args(p.parse_args(argv))
-    print(report(res))
-    print(f"written to {common.write_result('parse', res)}")
-    return 0
+    return common.bench_main(sys.modules[__name__], "parse", argv)
 
 
 if __name__ == "__main__":

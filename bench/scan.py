@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,6 @@ with open("/proc/self/status") as f:
             hwm = int(line.split()[1]) * 1024
 print(json.dumps({"hwm_bytes": hwm, "scan_s": dt, "count": s.count, "nan": s.nan}))
 """
-
-
-def _best_of(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def _naive(a: np.ndarray) -> None:
@@ -84,14 +74,14 @@ def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 3, block: int 
     n = size_mib * (1 << 20) // 4
     rng = np.random.default_rng(0)
     a = rng.standard_normal(n, dtype=np.float32)
-    t_sum = _best_of(lambda: a.sum(), repeat)
-    t_f32 = _best_of(lambda: scan_array(a, block_elems=block), repeat)
-    t_naive = _best_of(lambda: _naive(a), max(1, repeat - 1))
+    t_sum = common.best_of(lambda: a.sum(), repeat)
+    t_f32 = common.best_of(lambda: scan_array(a, block_elems=block), repeat)
+    t_naive = common.best_of(lambda: _naive(a), max(1, repeat - 1))
     h = a.astype(np.float16)
-    t_f16 = _best_of(lambda: scan_array(h, block_elems=block), repeat)
+    t_f16 = common.best_of(lambda: scan_array(h, block_elems=block), repeat)
     del h
     w = (a.view(np.uint32) >> 16).astype(np.uint16)
-    t_bf16 = _best_of(lambda: scan_array(w, dtype="bfloat16", block_elems=block), repeat)
+    t_bf16 = common.best_of(lambda: scan_array(w, dtype="bfloat16", block_elems=block), repeat)
     del w, a
     sum_bw = n * 4 / t_sum
     with tempfile.TemporaryDirectory(prefix="pa-scan-") as tmp:
@@ -140,7 +130,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--file-mib", type=int, default=None, help=".npy file size (default 4096, quick 128)")
     p.add_argument("--repeat", type=int, default=None, help="best of N (default 3, quick 1)")
     p.add_argument("--block", type=int, default=None, help="scanner block_elems (default: scanner's)")
-    p.add_argument("--results-dir", type=Path, default=None)
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -150,14 +139,7 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.scan", description=__doc__)
-    add_arguments(p)
-    p.add_argument("--quick", action="store_true")
-    args = p.parse_args(argv)
-    res = run_from_args(args)
-    print(report(res))
-    print(f"written to {common.write_result('scan', res, args.results_dir)}")
-    return 0
+    return common.bench_main(sys.modules[__name__], "scan", argv)
 
 
 if __name__ == "__main__":
