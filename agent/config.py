@@ -131,7 +131,7 @@ class Limits(_Strict):
 
     max_line_bytes: Size = 1 << 20
     read_chunk_bytes: Size = 1 << 20
-    read_budget_bytes: Size = 16 << 20      # bytes one file may read per pass before yielding
+    read_budget_bytes: Size = 4 << 20       # bytes one file may read per pass (bounds memory while catching up)
     queue_size: int = Field(10_000, ge=10)  # pending changed paths before falling back to a resync
     max_files: int = Field(10_000, ge=1)    # files tracked across all watches
     max_series: int = Field(512, ge=1)      # (run, rank, ...) label sets exported on /metrics

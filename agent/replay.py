@@ -19,6 +19,8 @@ from .readers.logstream import LogStream
 from .rulefile import RuleSet
 from .series import SeriesState
 
+READ_STEP = 4 << 20  # bytes per step: the samples of one step are what replay holds in memory
+
 
 def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str] | None = None,
            pattern: str | None = None) -> dict[str, Any]:
@@ -35,7 +37,12 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
     stream = LogStream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20, pattern=pattern)
     try:
         now = time.time()
-        pipeline.process(stream.finish(now))  # reads to the end, the last line even without "\n"
+        while True:  # bounded steps: a multi-GB log never sits in memory at once
+            before = stream.stats.bytes
+            pipeline.process(stream.poll(READ_STEP, now))
+            if stream.stats.bytes == before:
+                break
+        pipeline.process(stream.finish(now))  # the rest, and the last line even without "\n"
     finally:
         stream.close()
     series = list(pipeline.series.values())
