@@ -81,6 +81,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+COMPARE_PRESETS = ("strict", "precision_tool", "msaccucmp", "msquickcmp")
+
+
+class CompareSpec(_Strict):
+    """Pair a dump watch with another run's dumps: a benchmark (GPU/CPU run) or a rerun."""
+
+    against: Path                      # root of the other run's dumps, laid out like the watched one
+    mode: Literal["benchmark", "rerun"] = "benchmark"
+    preset: str = "strict"             # verdict thresholds (rerun mode always asks for bitwise equality)
+    csv_dir: Path | None = None        # where full tables go; default <state_dir>/compare
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v: str) -> str:
+        if v not in COMPARE_PRESETS:
+            raise ValueError(f"unknown preset {v!r}; known: {', '.join(COMPARE_PRESETS)}")
+        return v
+
+
 class Watch(_Strict):
     """One watched path. A log watch tails files; a dump watch scans tensor dumps."""
 
@@ -93,6 +112,9 @@ class Watch(_Strict):
     pattern: str | None = None  # a user-defined format: a regex with named groups (step, loss, ...)
     labels: dict[str, LabelValue] = Field(default_factory=dict)
     start_at_end: bool = False  # for a log that existed before the agent ever saw it
+    compare: CompareSpec | None = None  # dump watches: compare each completed step with another run
+    digest: str | None = None   # dump watches: regex over "op io[index]" of tensors that must be equal
+                                # on every data-parallel rank (e.g. weights); exported as a digest metric
 
     _check_labels = field_validator("labels")(check_labels)
 
@@ -119,10 +141,24 @@ class Watch(_Strict):
             RegexParser(v)  # raises ValueError with the reason
         return v
 
+    @field_validator("digest")
+    @classmethod
+    def _valid_digest(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"digest is not a valid regex: {exc}") from None
+        return v
+
     @model_validator(mode="after")
     def _custom_needs_pattern(self) -> "Watch":
         if self.format == "custom" and self.pattern is None:
             raise ValueError("format 'custom' needs a 'pattern' (a regex with named groups such as step, loss)")
+        if self.kind != "dump" and (self.compare is not None or self.digest is not None):
+            raise ValueError("'compare' and 'digest' apply to watches with kind: dump")
+        if self.compare is not None and self.compare.against.resolve() == self.path.resolve():
+            raise ValueError("compare.against must be another run's dump directory, not the watched one")
         return self
 
 
