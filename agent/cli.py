@@ -123,13 +123,49 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if bad else EXIT_OK
 
 
+class _ProgressBar:
+    """A plain-text progress bar on stderr, redrawn at most every 0.2 s; nothing for quick scans
+    unless forced."""
+
+    def __init__(self, forced: bool, width: int = 30) -> None:
+        import time
+        self._clock = time.monotonic
+        self.forced, self.width = forced, width
+        self.start = self._clock()
+        self.last = 0.0
+        self.drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self._clock()
+        if done < total and (now - self.last < 0.2 or (not self.forced and now - self.start < 0.5)):
+            return
+        if done == total and not (self.forced or self.drawn):
+            return
+        self.last, self.drawn = now, True
+        filled = self.width * done // max(total, 1)
+        sys.stderr.write(f"\rscanning [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} tensors"
+                         + ("\n" if done == total else ""))
+        sys.stderr.flush()
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
     from .dumps.scan import format_report, scan
+    from .rulefile import load_rules
     path = Path(args.path)
     if not path.exists():
         print(f"precision-agent: {path}: no such file or directory", file=sys.stderr)
         return EXIT_CONFIG
-    result = scan(path, args.step)
+    try:
+        rules = load_rules(_rules_dirs(args))
+    except ConfigError as exc:
+        print(f"precision-agent: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if rules.errors:
+        for e in rules.errors.values():
+            print(f"precision-agent: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    show = args.progress or (args.progress is None and sys.stderr.isatty())
+    result = scan(path, args.step, rules, progress=_ProgressBar(args.progress is True) if show else None)
     if args.json:
         json.dump(json_safe(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -172,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("path", help="a dump directory (msprobe, CANN, MindSpore, .npy/.npz tree) or file")
     sc.add_argument("--json", action="store_true", help="print one JSON object")
     sc.add_argument("--step", type=int, default=None, help="only this step")
+    sc.add_argument("--rules", action="append", metavar="DIR", help="rule directory (default: shipped rules)")
+    sc.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bar on stderr (default: when stderr is a terminal)")
     sc.set_defaults(func=cmd_scan)
 
     ru = sub.add_parser("rules", help="rule-file tools")

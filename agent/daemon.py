@@ -34,7 +34,7 @@ from .readers.tailer import TailEvent, TailPosition
 from .rulefile import RuleSet, default_rules_dir, load_rules
 from .sources.queue import ChangeQueue
 from .sources.watcher import TreeWatcher, walk, watch_for
-from .dumps.schedule import DumpScheduler, ScanResult, result_sample
+from .dumps.schedule import DumpScheduler, ScanResult, result_samples
 from .state import StateError, StateStore
 from .exporters.http import HttpExporter
 from .exporters.metrics import AgentCollector
@@ -287,8 +287,9 @@ class Agent:
         return stream
 
     def _dump_result(self, r: ScanResult) -> None:
-        """A scanned dump directory: count it, report unreadable files, feed the first bad op to
-        the rules, and remember its signature so it is not scanned again."""
+        """A scanned dump directory: count it, report unreadable files, feed its samples (first
+        bad op, overflows, saturation, watchpoints) to the rules, and remember its signature so
+        it is not scanned again."""
         if r.error is not None or r.result is None:
             self.health.error("scan", "%s: %s", r.unit, r.error)
             return
@@ -297,9 +298,10 @@ class Agent:
         for e in res["errors"]:
             self.health.error("scan", "%s: %s", e["path"], e["reason"])
         watch = watch_for(self.config.watches, os.path.join(r.unit, "x")) or watch_for(self.config.watches, r.unit)
-        sample = result_sample(r, watch.labels if watch is not None else {})
-        if sample is not None:
-            self.pipeline.process([sample])
+        self.pipeline.process(result_samples(res, watch.labels if watch is not None else {}, r.unit))
+        for message in self.pipeline.errors:
+            self.health.error("internal", "%s", message)
+        self.pipeline.errors.clear()
         try:
             self.store.record_scanned(r.unit, 0, 0, r.signature[1], r.signature[2] / 1e9,
                                       ",".join(map(str, r.signature)))

@@ -23,6 +23,8 @@ OVERFLOW = "overflow"          # one overflow/skipped-step event (value 1)
 SKIPPED_INTERVAL = "skipped_in_interval"  # skipped steps counted over one log interval (Megatron)
 SKIPPED_CUMULATIVE = "skipped_cumulative"  # running skip counter printed by the trainer (DeepSpeed)
 DUMP_NONFINITE = "dump_nonfinite"  # a scanned dump whose first bad op was found (attrs: op, tensor, ...)
+DUMP_OVERFLOW = "dump_overflow"  # one overflow record of an Opdebug file (attrs: op, accelerator, status, ...)
+DUMP_FP16_SATURATED = "dump_fp16_saturated"  # fp16 values at ±65504 in one op's dumped outputs
 NONFINITE_MESSAGE = "nonfinite_message"  # an explicit trainer message that loss became NaN/Inf
 
 TRAINING_METRICS = (LOSS, EVAL_LOSS, GRAD_NORM, LOSS_SCALE, LEARNING_RATE)

@@ -153,3 +153,19 @@ def opdebug_name(task: int, stream: int, ts: int) -> str:
 def ensure_dir(path: str) -> str:
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def write_ops(directory: str, ops: Sequence[tuple], ts0: int, stream: int = 0) -> list[str]:
+    """One dump file per ``(op_type, op_name, task_id, inputs, outputs)`` (numpy arrays), in
+    execution order: timestamps ``ts0``, ``ts0 + 1``, ...; returns the paths."""
+    ensure_dir(directory)
+    paths = []
+    for i, (op_type, name, task, ins, outs) in enumerate(ops):
+        p = os.path.join(directory, dump_name(op_type, name, task, stream, ts0 + i))
+        paths.append(write_cann_dump(p, inputs=[tensor(a) for a in ins], outputs=[tensor(a) for a in outs]))
+    return paths
+
+
+def ge_step_dir(root: str, device: int, step: int, time_dir: str = "20240301120000") -> str:
+    """The GE/ACL dump directory ``{root}/{time}/{device_id}/{model_name}/{model_id}/{step}``."""
+    return ensure_dir(os.path.join(root, time_dir, str(device), "ge_default_20240301120001_1", "1", str(step)))

@@ -14,6 +14,7 @@ import csv
 import logging
 import math
 import os
+import re
 from typing import Any, Callable
 
 import numpy as np
@@ -71,6 +72,41 @@ def parse_dump_name(filename: str) -> dict[str, Any] | None:
     out.update({k: int(v) for k, v in zip(_EXTRA_FIELDS, extra)})
     out["is_opdebug"] = (parts[0].lower() == "opdebug" and parts[1].lower() == "node_opdebug")
     return out
+
+
+_TIME_DIR = re.compile(r"(?:19|20)\d{12}")      # YYYYMMDDHHMMSS
+_RANK_DIR = re.compile(r"rank_?(\d+)")
+_STEP_DIR = re.compile(r"step_?(\d+)")
+
+
+def dump_dir_location(directory: str) -> tuple[int | None, int | None]:
+    """(step, rank) of a CANN dump directory, read from its path (ascend-formats.md §2.2).
+
+    GE/ACL ``{time}/{device_id}/{model_name}/{model_id}/{data_index}`` gives rank = device id
+    and step = data index (the iteration); single-op ``{time}/{device_id}`` gives the rank only;
+    msprobe's ``rank_{r}/…/step_{s}/…`` and MindSpore's ``rank_{r}/{net}/{graph}/{iteration}``
+    name them outright (a ``rank_`` directory is the global rank and wins over a device id).
+    Unknown layouts give (None, None): the dump is then one step of one rank.
+    """
+    parts = os.path.abspath(directory).split(os.sep)
+    step = rank = None
+    for i in range(len(parts) - 1, -1, -1):           # the innermost time directory
+        if _TIME_DIR.fullmatch(parts[i]):
+            tail = parts[i + 1:]
+            if tail and tail[0].isdigit():
+                rank = int(tail[0])
+                if len(tail) == 4 and tail[2].isdigit() and tail[3].isdigit():
+                    step = int(tail[3])
+            break
+    rank_at = None
+    for i, part in enumerate(parts):
+        if m := _RANK_DIR.fullmatch(part):
+            rank, rank_at = int(m.group(1)), i
+        elif m := _STEP_DIR.fullmatch(part):
+            step = int(m.group(1))
+    if rank_at is not None and rank_at == len(parts) - 4 and parts[-1].isdigit() and step is None:
+        step = int(parts[-1])                          # MindSpore rank_{r}/{net}/{graph}/{iteration}
+    return step, rank
 
 
 def read_mapping_csv(path: str) -> dict[str, str]:

@@ -1,10 +1,16 @@
-"""``scan``: find a tree's dumps, compute per-tensor statistics, name the first bad op.
+"""``scan``: find a tree's dumps, compute per-tensor statistics, name the first bad op, decode
+overflow debug files, and judge it all with the same rules the daemon uses.
 
 Layouts are recognised by their files: msprobe (``dump.json``), CANN binary dumps (their file
-names), MindSpore (``…{input|output}.{slot}.{format}.npy`` names, ``statistic.csv``), and any
-other ``.npy``/``.npz`` tree. Statistics come from the dump itself when it has no tensor data
-(msprobe statistics mode, ``statistic.csv``), otherwise from one blocked pass of the scanner.
-A file that cannot be read is reported with its reason; the scan goes on.
+names; step and rank come from the directory path), MindSpore (``…{input|output}.{slot}.{format}.npy``
+names, ``statistic.csv``), and any other ``.npy``/``.npz`` tree. Statistics come from the dump
+itself when it has no tensor data (msprobe statistics mode, ``statistic.csv``), otherwise from one
+blocked pass of the scanner. ``Opdebug.Node_OpDebug.*`` files next to CANN dumps are decoded
+into overflow records matched to the overflowing op's own dump file. A file that cannot be read
+is reported with its reason; the scan goes on.
+
+:func:`scan_dump` is the raw result (the daemon's scan thread); :func:`scan` adds ``findings``
+by feeding :func:`.schedule.result_samples` -- the daemon's own samples -- to a ``Pipeline``.
 """
 
 from __future__ import annotations
@@ -12,17 +18,22 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..model import TensorStats
-from .cann import list_dump_dir, parse_dump_name
+from ..pipeline import Pipeline
+from ..rulefile import RuleSet, default_rules_dir, load_rules
+from .cann import dump_dir_location, list_dump_dir, parse_dump_name
 from .mindspore import parse_npy_name, read_mindspore_npy_dir, read_statistic_csv
 from .msprobe import list_msprobe_dump
 from .npy import read_npy, read_npz
+from .opdebug import find_overflow_ops
 from .scanner import scan_array
 from .types import DumpError, DumpTensor
 
 MAX_FILES = 200_000  # bound the walk of a hostile or mistaken tree
+MAX_OPDEBUG_FILES = 10_000  # per scan: each is decoded, and each overflow becomes a JSON entry
+Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
 
 
 def _files(root: Path) -> Iterator[Path]:
@@ -36,22 +47,41 @@ def _files(root: Path) -> Iterator[Path]:
                 return
 
 
-def discover(path: Path) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
+def _tree(path: Path) -> list[Path]:
+    return [path] if path.is_file() else list(_files(path))
+
+
+def _cann_tensors(files: list[Path]) -> tuple[list[DumpTensor], list[tuple[str, str]]]:
+    """Tensors of every CANN dump directory, with step and rank from the directory's path; the
+    execution order runs on across directories of the same (step, rank)."""
+    tensors: list[DumpTensor] = []
+    errors: list[tuple[str, str]] = []
+    next_order: dict[tuple, int] = {}
+    for d in sorted({str(f.parent) for f in files if parse_dump_name(f.name)}):
+        found, errs = list_dump_dir(d)
+        step, rank = dump_dir_location(d)
+        base = next_order.get((step, rank), 0)
+        for t in found:
+            t.step, t.rank, t.order = step, rank, base + t.order
+        if found:
+            next_order[(step, rank)] = found[-1].order + 1
+        tensors.extend(found)
+        errors.extend(errs)
+    return tensors, errors
+
+
+def discover(path: Path, files: list[Path] | None = None,
+             ) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
     """All tensors under ``path`` in execution order, the unreadable files, and the layout."""
     errors: list[tuple[str, str]] = []
-    files = [path] if path.is_file() else list(_files(path))
+    files = _tree(path) if files is None else files
     if any(f.name == "dump.json" for f in files):
         try:
             return list_msprobe_dump(path), errors, "msprobe"
         except DumpError as exc:
             return [], [(str(path), str(exc))], "msprobe"
-    dirs_cann = sorted({str(f.parent) for f in files if parse_dump_name(f.name)})
-    if dirs_cann:
-        tensors: list[DumpTensor] = []
-        for d in dirs_cann:
-            found, errs = list_dump_dir(d)
-            tensors.extend(found)
-            errors.extend(errs)
+    if any(parse_dump_name(f.name) for f in files):
+        tensors, errors = _cann_tensors(files)
         return tensors, errors, "cann"
     ms_dirs = sorted({str(f.parent) for f in files if f.suffix == ".npy" and parse_npy_name(f.name)})
     csvs = [f for f in files if f.name == "statistic.csv"]
@@ -81,6 +111,32 @@ def discover(path: Path) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
     for i, t in enumerate(tensors):
         t.order, t.io = i, t.io or "output"
     return tensors, errors, "npy"
+
+
+def overflows(files: list[Path], tensors: list[DumpTensor], errors: list[tuple[str, str]],
+              ) -> list[dict[str, Any]]:
+    """Every overflow record of the tree's Opdebug files, each matched (by task and stream id) to
+    the overflowing op's dump file in the same directory; the earliest debug file first."""
+    by_dir: dict[str, list[str]] = {}
+    n = 0
+    for f in files:
+        meta = parse_dump_name(f.name)
+        if meta and meta["is_opdebug"] and n < MAX_OPDEBUG_FILES:
+            by_dir.setdefault(str(f.parent), []).append(str(f))
+            n += 1
+    out = []
+    for d, debug in by_dir.items():
+        step, rank = dump_dir_location(d)
+        near = [t for t in tensors if os.path.dirname(t.path) == d]
+        for op in find_overflow_ops(debug, near, errors=errors):
+            rec = op.record
+            out.append({"step": step, "rank": rank, "op": op.op_name, "op_type": op.op_type,
+                        "task_id": rec.task_id, "stream_id": rec.stream_id,
+                        "accelerator": rec.accelerator, "status": ",".join(rec.flags),
+                        "status_code": rec.status, "record": rec.layout, "timestamp": rec.timestamp,
+                        "debug_file": op.debug_file, "file": op.path})
+    out.sort(key=lambda o: (o["timestamp"] is None, o["timestamp"] or 0, os.path.basename(o["debug_file"])))
+    return out
 
 
 def statistics(t: DumpTensor) -> TensorStats:
@@ -118,32 +174,55 @@ def first_bad_op(tensors: list[DumpTensor], stats: list[TensorStats]) -> dict[st
     return fallback
 
 
-def scan(path: Path, step: int | None = None) -> dict[str, Any]:
-    tensors, errors, layout = discover(path)
+def scan_dump(path: Path, step: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """Statistics, first bad op, overflows and unreadable files of one tree (no findings)."""
+    files = _tree(path)
+    tensors, errors, layout = discover(path, files)
+    found = overflows(files, tensors, errors) if layout == "cann" else []
     if step is not None:
         tensors = [t for t in tensors if t.step == step]
+        found = [o for o in found if o["step"] == step]
     kept: list[DumpTensor] = []
     stats: list[TensorStats] = []
-    for t in tensors:
+    for i, t in enumerate(tensors):
         try:
             stats.append(statistics(t))
             kept.append(t)
         except (DumpError, TypeError, ValueError, OSError) as exc:
             errors.append((t.path or t.name, str(exc)))
-    first = first_bad_op(kept, stats)
-    findings: list[dict[str, Any]] = []
-    if first is not None:
-        findings.append({"rule": "DumpNonFinite", "kind": "nonfinite", "severity": "page", **first,
-                         "summary": f"first non-finite output: {first['op']} {first['tensor']}"
-                                    f" (step {first['step']}, rank {first['rank']})"})
-    for s in stats:
-        if s.fp16_saturated:
-            findings.append({"rule": "DumpFp16Saturation", "kind": "fp16_saturation", "severity": "ticket",
-                             "step": s.step, "rank": s.rank, "op": s.name, "tensor": f"{s.io}[{s.index}]",
-                             "summary": f"{s.fp16_saturated} fp16 value(s) at ±65504 in {s.name}"})
+        if progress is not None:
+            progress(i + 1, len(tensors))
     return {"path": str(path), "layout": layout, "tensors": [asdict(s) for s in stats],
-            "first_nonfinite": first, "findings": findings,
+            "first_nonfinite": first_bad_op(kept, stats), "overflows": found,
             "errors": [{"path": p, "reason": r} for p, r in errors]}
+
+
+def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | None = None,
+             ) -> list[dict[str, Any]]:
+    """Judge a scan result with ``rules`` exactly as the daemon does: the same samples, the
+    same detectors, a fresh pipeline."""
+    from .schedule import result_samples  # schedule imports this module for the scan thread
+    pipeline = Pipeline(rules.fresh(), max_series=1 << 16, keep_findings=100_000)
+    pipeline.process(result_samples(result, labels or {}))
+    out = []
+    for f in pipeline.findings:
+        lab, ev = dict(f.labels), f.evidence
+        rank: Any = lab.get("rank")
+        out.append({"rule": f.rule, "kind": f.kind, "severity": f.severity, "step": f.step,
+                    "rank": int(rank) if rank and rank.isdigit() else rank, "op": lab.get("op"), "tensor": ev.get("tensor"),
+                    "summary": f.annotations.get("summary") or f.summary, "labels": lab, "evidence": ev})
+    return out
+
+
+def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
+         labels: dict[str, str] | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """``precision-agent scan``: :func:`scan_dump` plus the findings of ``rules`` (default: the
+    shipped rule files)."""
+    if rules is None:
+        rules = load_rules([default_rules_dir()])
+    r = scan_dump(path, step, progress)
+    r["findings"] = findings(r, rules, labels)
+    return r
 
 
 def format_report(r: dict[str, Any], limit: int = 40) -> str:
@@ -157,6 +236,15 @@ def format_report(r: dict[str, Any], limit: int = 40) -> str:
         for t in bad[:limit]:
             lines.append(f"{str(t['step']):>4} {str(t['rank']):>4}  {(t['name'] + ' ' + t['io'] + str(t['index']))[:48]:<48}"
                          f" {t['nan']:>6} {t['pos_inf']:>6} {t['neg_inf']:>6} {str(t['max']):>12}")
+    ovf = r.get("overflows") or []
+    lines.append(f"overflows: {len(ovf)}" + (" (earliest first)" if ovf else ""))
+    for o in ovf[:limit]:
+        lines.append(f"  step {o['step']} rank {o['rank']}  {o['op'] or '(dump file not found)'} [{o['op_type'] or '?'}]"
+                     f"  {o['accelerator']} task {o['task_id']} stream {o['stream_id']}: {o['status'] or 'no flag'}")
+    fs = r.get("findings") or []
+    lines.append(f"findings: {len(fs)}")
+    for f in fs[:limit]:
+        lines.append(f"  [{f['severity']}] {f['rule']} step {f['step']}: {f['summary']}")
     for e in r["errors"][:limit]:
         lines.append(f"unreadable: {e['path']}: {e['reason']}")
     return "\n".join(lines)
