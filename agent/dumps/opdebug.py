@@ -212,6 +212,9 @@ def find_overflow_ops(opdebug_files: Iterable[str], dump_tensors: Iterable[DumpT
     for t in dump_tensors:
         if not t.extra.get("is_opdebug"):
             by_file.setdefault(t.path, []).append(t)
+    by_task: dict[Any, list[str]] = {}   # task id -> dump files: a lookup, not a pass over all files
+    for path, ts_list in by_file.items():
+        by_task.setdefault(ts_list[0].extra.get("task_id"), []).append(path)
     out: list[OverflowOp] = []
     for ts, _, p in files[:limit]:
         try:
@@ -223,8 +226,8 @@ def find_overflow_ops(opdebug_files: Iterable[str], dump_tensors: Iterable[DumpT
             continue
         for rec in records:
             best = None
-            for path, ts_list in by_file.items():
-                e = ts_list[0].extra
+            for path in by_task.get(rec.task_id, ()) if rec.task_id is not None else ():
+                e = by_file[path][0].extra
                 if not _matches(rec, e):
                     continue
                 key = (abs(e.get("timestamp", 0) - (ts if ts < 1 << 64 else 0)),

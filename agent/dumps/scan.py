@@ -124,11 +124,15 @@ def overflows(files: list[Path], tensors: list[DumpTensor], errors: list[tuple[s
         if meta and meta["is_opdebug"] and n < MAX_OPDEBUG_FILES:
             by_dir.setdefault(str(f.parent), []).append(str(f))
             n += 1
+    if not by_dir:
+        return []
+    near: dict[str, list[DumpTensor]] = {}
+    for t in tensors:
+        near.setdefault(os.path.dirname(t.path), []).append(t)
     out = []
     for d, debug in by_dir.items():
         step, rank = dump_dir_location(d)
-        near = [t for t in tensors if os.path.dirname(t.path) == d]
-        for op in find_overflow_ops(debug, near, errors=errors):
+        for op in find_overflow_ops(debug, near.get(d, []), errors=errors):
             rec = op.record
             out.append({"step": step, "rank": rank, "op": op.op_name, "op_type": op.op_type,
                         "task_id": rec.task_id, "stream_id": rec.stream_id,
