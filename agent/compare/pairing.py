@@ -56,6 +56,12 @@ class Pair:
 class Pairing:
     pairs: list[Pair] = field(default_factory=list)
     unmatched: list[dict[str, Any]] = field(default_factory=list)
+    unmatched_tensors: list[tuple[str, DumpTensor]] = field(default_factory=list)  # same order
+
+    def leave(self, side: str, t: DumpTensor, reason: str) -> None:
+        self.unmatched.append({"side": side, "step": t.step, "rank": t.rank, "op": t.name,
+                               "tensor": tensor_label(t), "path": t.path, "reason": reason})
+        self.unmatched_tensors.append((side, t))
 
 
 def read_side(path: str | os.PathLike) -> Side:
@@ -64,19 +70,7 @@ def read_side(path: str | os.PathLike) -> Side:
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file or directory")
     tensors, errors, layout = discover(p)
-    if layout == "cann":
-        for t in tensors:
-            _cann_location(t)
     return Side(str(p), layout, tensors, errors)
-
-
-def _cann_location(t: DumpTensor) -> None:
-    """Step and rank of a CANN file from ``{time}/{device_id}/{model_name}/{model_id}/{data_index}``
-    (data_index is the iteration); other layouts (single-op dumps) keep None."""
-    parts = Path(t.path).parent.parts
-    if t.step is None and len(parts) >= 5 and parts[-1].isdigit() and parts[-2].isdigit() \
-            and not parts[-3].isdigit() and parts[-4].isdigit():
-        t.step, t.rank = int(parts[-1]), (t.rank if t.rank is not None else int(parts[-4]))
 
 
 def tensor_label(t: DumpTensor) -> str:
@@ -139,11 +133,6 @@ def match_groups(target: dict[Group, Any], bench: dict[Group, Any]) -> list[tupl
     return sorted(out, key=lambda gg: _sort_key(gg[0]))
 
 
-def unmatched_entry(side: str, t: DumpTensor, reason: str) -> dict[str, Any]:
-    return {"side": side, "step": t.step, "rank": t.rank, "op": t.name, "tensor": tensor_label(t),
-            "path": t.path, "reason": reason}
-
-
 def pair_sides(target: Side, bench: Side) -> Pairing:
     """Pair every target tensor with its benchmark tensor; list the rest as unmatched."""
     result = Pairing()
@@ -162,16 +151,16 @@ def pair_sides(target: Side, bench: Side) -> Pairing:
                 result.pairs.append(Pair(t, cands[n], t.step, t.rank))
                 taken[k] = n + 1
             else:
-                result.unmatched.append(unmatched_entry("target", t, "no benchmark tensor with this name"))
+                result.leave("target", t, "no benchmark tensor with this name")
         for k, cands in keyed.items():
             for t in cands[taken.get(k, 0):]:
-                result.unmatched.append(unmatched_entry("bench", t, "no target tensor with this name"))
+                result.leave("bench", t, "no target tensor with this name")
     done_t = {g for g, _ in matched}
     done_b = {g for _, g in matched}
     for g in sorted(set(tg) - done_t, key=_sort_key):
-        result.unmatched.extend(unmatched_entry("target", t, "no benchmark step/rank to pair with")
-                                for t in tg[g])
+        for t in tg[g]:
+            result.leave("target", t, "no benchmark step/rank to pair with")
     for g in sorted(set(bg) - done_b, key=_sort_key):
-        result.unmatched.extend(unmatched_entry("bench", t, "no target step/rank to pair with")
-                                for t in bg[g])
+        for t in bg[g]:
+            result.leave("bench", t, "no target step/rank to pair with")
     return result

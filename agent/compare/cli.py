@@ -1,0 +1,89 @@
+"""``precision-agent compare BENCH TARGET``: compare a run's dumps with a benchmark run or a rerun.
+
+Exit status (as the other commands): 0 no divergence under the preset, 1 divergence (or, with
+``--rerun``, any bit that differs), 2 bad usage or nothing readable to compare (a missing path, a
+side with no tensors, no pair at all, a CSV that cannot be written); unreadable files among
+readable ones are listed and give 2 only when nothing diverged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..model import json_safe
+from .verdict import PRESETS
+
+EXIT_OK, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``compare`` on the main parser's subcommands."""
+    c = subparsers.add_parser("compare", help="compare dumps with a benchmark run or a rerun; name the "
+                                               "first op that lost precision")
+    c.add_argument("bench", help="the benchmark (golden) dump tree: GPU/CPU run, or the first run with --rerun")
+    c.add_argument("target", help="the dump tree under test (e.g. the NPU run)")
+    c.add_argument("--preset", choices=PRESETS, default="strict",
+                   help="verdict rule (default strict: first op whose inputs match but an output does not)")
+    c.add_argument("--rerun", action="store_true",
+                   help="the two trees are two runs of one configuration: any differing bit is nondeterminism")
+    c.add_argument("--csv", metavar="OUT", help="write the full table as CSV to OUT")
+    c.add_argument("--csv-layout", choices=("msaccucmp", "msprobe"), default="msaccucmp",
+                   help="CSV columns (default msaccucmp's)")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--step", type=int, default=None, help="only this step")
+    c.add_argument("--rank", type=int, default=None, help="only this rank")
+    c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    c.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import _ProgressBar   # the one scan uses; imported here: agent.cli imports this module
+    from .engine import compare_sides
+    from .pairing import read_side
+    from .report import format_text, to_json, write_csv
+    try:
+        bench, target = read_side(args.bench), read_side(args.target)
+    except FileNotFoundError as exc:
+        print(f"precision-agent: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for name, side in (("benchmark", bench), ("target", target)):
+        if not side.tensors:
+            why = "; ".join(f"{p}: {r}" for p, r in side.errors[:3]) or "no dump files found"
+            print(f"precision-agent: {name} {side.path}: no tensors to compare ({why})", file=sys.stderr)
+            return EXIT_USAGE
+    show = args.progress or (args.progress is None and sys.stderr.isatty())
+    res = compare_sides(target, bench, preset=args.preset, rerun=args.rerun, step=args.step,
+                        rank=args.rank, progress=_ProgressBar(args.progress is True) if show else None)
+    if args.csv:
+        try:
+            with open(args.csv, "w", newline="", encoding="utf-8") as fh:
+                write_csv(res, fh, args.csv_layout)
+        except OSError as exc:
+            print(f"precision-agent: cannot write {args.csv}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.json:
+        json.dump(json_safe(to_json(res)), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(format_text(res))
+    if not res.rows:
+        print("precision-agent: nothing was paired between the two trees", file=sys.stderr)
+        return EXIT_USAGE
+    if res.diverged:
+        return EXIT_DIVERGED
+    return EXIT_USAGE if res.errors else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry (``python -m precision_agent.compare.cli``) until the main CLI wires it."""
+    parser = argparse.ArgumentParser(prog="precision-agent")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

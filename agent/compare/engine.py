@@ -1,0 +1,191 @@
+"""The comparison itself: read both sides, pair, compute the metrics pair by pair, judge.
+
+One pair at a time: each side's tensor is loaded lazily (a memmap or a view), compared in
+:mod:`.metrics`' chunked pass and dropped, so memory stays bounded by the largest tensor's
+chunk buffers whatever the tree's size. A tensor that cannot be read gives a row with its reason
+(and ``ok`` None: no evidence either way); the comparison goes on.
+
+The daemon calls :func:`compare_sides` with tensors it already discovered; the CLI calls
+:func:`compare_paths`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..dumps.scan import statistics
+from ..dumps.types import DumpError, DumpTensor
+from ..model import TensorStats
+from .metrics import StatsDiff, TensorDiff, compare_arrays, compare_stats
+from .pairing import Pair, Side, filter_side, pair_sides, read_side, tensor_label
+from .verdict import (PRESET_FLAGS, PRESETS, Judged, first_differing, first_diverging, stats_distance,
+                      stats_within, tensor_within, tolerance)
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(slots=True)
+class Row:
+    index: int
+    pair: Pair
+    tolerance: float
+    diff: TensorDiff | None = None
+    stats_diff: StatsDiff | None = None
+    target_stats: TensorStats | None = None
+    bench_stats: TensorStats | None = None
+    equal: bool = False
+    ok: bool | None = None       # passes the preset (strict: within tolerance); None: not compared
+    fail_reason: str = ""
+
+    @property
+    def target(self) -> DumpTensor:
+        return self.pair.target
+
+    @property
+    def bench(self) -> DumpTensor:
+        return self.pair.bench
+
+    def judged(self) -> Judged:
+        t = self.pair.target
+        return Judged(step=t.step, rank=t.rank, order=t.order, op=t.name, io=_io(t),
+                      tensor=tensor_label(t), ok=self.ok, equal=self.equal, index=self.index)
+
+
+def _io(t: DumpTensor) -> str:
+    """Parameters are inputs of the op that reads them."""
+    return "output" if t.io in ("output", "") else "input"
+
+
+@dataclass(slots=True)
+class CompareResult:
+    target: Side
+    bench: Side
+    preset: str
+    mode: str                    # "benchmark" | "rerun"
+    rows: list[Row] = field(default_factory=list)
+    unmatched: list[dict[str, Any]] = field(default_factory=list)
+    unmatched_tensors: list[tuple[str, DumpTensor]] = field(default_factory=list)
+    first_diverging_op: dict[str, Any] | None = None
+    corrupted_input: dict[str, Any] | None = None
+    first_differing_tensor: dict[str, Any] | None = None
+
+    @property
+    def identical(self) -> bool:
+        return bool(self.rows) and not self.unmatched and all(r.equal for r in self.rows)
+
+    @property
+    def diverged(self) -> bool:
+        return any(r.ok is False for r in self.rows)
+
+    @property
+    def errors(self) -> list[dict[str, str]]:
+        out = [{"side": "target", "path": p, "reason": r} for p, r in self.target.errors]
+        out += [{"side": "bench", "path": p, "reason": r} for p, r in self.bench.errors]
+        out += [{"side": "pair", "path": r.target.path, "reason": r.fail_reason}
+                for r in self.rows if r.ok is None and r.fail_reason]
+        return out
+
+
+def _stats_of(t: DumpTensor) -> TensorStats:
+    return t.stats if t.load is None and t.stats is not None else statistics(t)
+
+
+def compare_pair(index: int, pair: Pair, preset: str, rerun: bool) -> Row:
+    """Compare one pair and judge it under ``preset`` (``rerun``: bitwise equality)."""
+    t, b = pair.target, pair.bench
+    row = Row(index, pair, 0.0 if rerun else tolerance(t.dtype, b.dtype))
+    try:
+        if t.load is not None and b.load is not None:
+            if math.prod(t.shape) != math.prod(b.shape):
+                row.fail_reason = f"shape mismatch: target {list(t.shape)}, bench {list(b.shape)}"
+                row.ok = False
+                return row
+            x, y = t.load(), b.load()
+            if x.shape != y.shape:   # same element count: compared flat, as msaccucmp does
+                x, y = x.reshape(-1), y.reshape(-1)
+                row.fail_reason = "shapes differ, compared flattened"
+            d = row.diff = compare_arrays(x, y, target_dtype=t.dtype, bench_dtype=b.dtype)
+            row.equal = d.bitwise_equal
+            row.fail_reason = "; ".join(s for s in (row.fail_reason, d.fail_reason) if s)
+            if rerun:
+                row.ok = d.bitwise_equal
+            elif preset == "strict":
+                row.ok = tensor_within(d, row.tolerance)
+            else:
+                row.ok = not PRESET_FLAGS[preset](d.metrics, _io(t))
+            return row
+        ts, bs = row.target_stats, row.bench_stats = _stats_of(t), _stats_of(b)
+        sd = row.stats_diff = compare_stats(ts, bs)
+        row.equal = sd.equal
+        row.fail_reason = sd.fail_reason
+        # the peers' presets are defined on tensor metrics; statistics get the strict rule
+        row.ok = sd.equal if rerun else stats_within(ts, bs, row.tolerance)
+    except (DumpError, OSError, ValueError, TypeError, MemoryError) as exc:
+        row.fail_reason = f"cannot compare: {exc}"[:500]
+        row.ok = None
+    return row
+
+
+def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: bool = False,
+                  step: int | None = None, rank: int | None = None,
+                  progress: Progress | None = None) -> CompareResult:
+    """Pair, compare and judge two already-read sides."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    filter_side(target, step, rank)
+    filter_side(bench, step, rank)
+    pairing = pair_sides(target, bench)
+    res = CompareResult(target, bench, preset, "rerun" if rerun else "benchmark",
+                        unmatched=pairing.unmatched, unmatched_tensors=pairing.unmatched_tensors)
+    n = len(pairing.pairs)
+    for i, pair in enumerate(pairing.pairs):
+        res.rows.append(compare_pair(i, pair, preset, rerun))
+        if progress is not None:
+            progress(i + 1, n)
+    judged = [r.judged() for r in res.rows]
+    res.first_diverging_op, res.corrupted_input = first_diverging(judged, preset, rerun)
+    for where in (res.first_diverging_op, res.corrupted_input):
+        if where is not None:
+            where.update(_details(res.rows[where["row"]]))
+    first = first_differing(judged)
+    if first is not None:
+        res.first_differing_tensor = {"step": first.step, "rank": first.rank, "op": first.op,
+                                      "tensor": first.tensor, "row": first.index,
+                                      **_details(res.rows[first.index])}
+    return res
+
+
+def _details(row: Row) -> dict[str, Any]:
+    """What a reader needs to see about one tensor: its metrics (or statistics) on both sides."""
+    t, b = row.target, row.bench
+    out: dict[str, Any] = {"op_type": t.op_type, "dtype": t.dtype, "bench_dtype": b.dtype,
+                           "shape": list(t.shape), "tolerance": row.tolerance,
+                           "bitwise_equal": row.equal, "within": row.ok}
+    if row.diff is not None:
+        d = row.diff
+        out.update(metrics=dict(d.metrics), count=d.count, differ=d.differ,
+                   first_diff_index=d.first_diff_index, max_abs_index=d.max_abs_index,
+                   nonfinite_mismatch=d.nonfinite_mismatch)
+    if row.target_stats is None or row.bench_stats is None:
+        try:   # only for the few tensors a verdict names: one more pass over each
+            row.target_stats, row.bench_stats = _stats_of(t), _stats_of(b)
+        except (DumpError, OSError, ValueError, TypeError):
+            pass
+    if row.target_stats is not None and row.bench_stats is not None:
+        out.update(stats_distance=stats_distance(row.target_stats, row.bench_stats),
+                   target_stats=_stat_dict(row.target_stats), bench_stats=_stat_dict(row.bench_stats))
+    if row.fail_reason:
+        out["fail_reason"] = row.fail_reason
+    return out
+
+
+def _stat_dict(s: TensorStats) -> dict[str, Any]:
+    return {"max": s.max, "min": s.min, "mean": s.mean, "l2norm": s.l2norm, "nan": s.nan,
+            "pos_inf": s.pos_inf, "neg_inf": s.neg_inf}
+
+
+def compare_paths(bench: str, target: str, **kw: Any) -> CompareResult:
+    """Read both trees and compare them (raises FileNotFoundError for a missing path)."""
+    return compare_sides(read_side(target), read_side(bench), **kw)

@@ -1,0 +1,254 @@
+"""A comparison as JSON, as CSV (msaccucmp's or msprobe's column layout) and as readable text.
+
+JSON: ``{"pairs", "unmatched", "first_diverging_op", "corrupted_input", "first_differing_tensor",
+"identical", "diverged", "verdict", "summary", "rows", ...}``. CSV numbers are ``'{:.6f}'`` and a
+missing value is ``NaN`` (msaccucmp) or ``N/A`` (msprobe), as those tools write them.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from typing import IO, Any
+
+from ..dumps.types import DumpTensor
+from ..model import TensorStats
+from .engine import CompareResult, Row
+from .metrics import RATIO_NAMES
+from .pairing import tensor_label
+
+MSACCUCMP_HEADER = ["Index", "OpType", "NPUDump", "DataType", "Address", "GroundTruth", "DataType",
+                    "Address", "TensorIndex", "Shape", "CosineSimilarity", "MaxAbsoluteError",
+                    "AccumulatedRelativeError", "RelativeEuclideanDistance", "KullbackLeiblerDivergence",
+                    "StandardDeviation", "MeanAbsoluteError", "RootMeanSquareError", "MaxRelativeError",
+                    "MeanRelativeError", "CompareFailReason"]
+_MSPROBE_BASIC = ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape",
+                  "Bench Tensor Shape"]
+_MSPROBE_SIDES = ["NPU max", "NPU min", "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean",
+                  "Bench l2norm", "Result", "Err_message"]
+MSPROBE_TENSOR_HEADER = _MSPROBE_BASIC + ["Cosine", "EucDist", "MaxAbsErr", "MaxRelativeErr",
+                                          "One Thousandth Err Ratio", "Five Thousandths Err Ratio"] + _MSPROBE_SIDES
+MSPROBE_STATS_HEADER = _MSPROBE_BASIC + ["Max diff", "Min diff", "Mean diff", "L2norm diff", "MaxRelativeErr",
+                                         "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr"] + _MSPROBE_SIDES
+
+
+def verdict(res: CompareResult) -> str:
+    """One word for the outcome (the JSON ``verdict``)."""
+    if not res.rows:
+        return "nothing_compared"
+    if res.identical:
+        return "identical"
+    if res.mode == "rerun":
+        return "nondeterministic" if res.diverged else "identical_where_paired"
+    if res.first_diverging_op is not None:
+        return res.first_diverging_op["kind"]      # lost_precision | threshold
+    if res.corrupted_input is not None:
+        return "input_differs"
+    return "diverged" if res.diverged else "within_tolerance"
+
+
+def _num(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def _where(d: dict[str, Any]) -> str:
+    return f"{d['op']} {d['tensor']} (step {d['step']}, rank {d['rank']})"
+
+
+def _evidence(d: dict[str, Any]) -> str:
+    m = d.get("metrics")
+    if m:
+        return (f"RED {_num(m.get('RelativeEuclideanDistance'))} (tolerance {_num(d['tolerance'])}), "
+                f"cosine {m.get('CosineSimilarity')!s}, max|Δ| {_num(m.get('MaxAbsoluteError'))}")
+    if "stats_distance" in d:
+        return f"statistics differ by {_num(d['stats_distance'])} relative (tolerance {_num(d['tolerance'])})"
+    return d.get("fail_reason", "")
+
+
+def summary(res: CompareResult) -> str:
+    """One sentence a person can act on."""
+    v, f, c = verdict(res), res.first_diverging_op, res.corrupted_input
+    if v == "nothing_compared":
+        return "nothing was paired: the two trees share no tensor names"
+    if v == "identical":
+        return f"identical: all {len(res.rows)} paired tensors are bitwise equal"
+    if v == "identical_where_paired":
+        return f"all {len(res.rows)} paired tensors are bitwise equal; {len(res.unmatched)} unmatched"
+    if v == "nondeterministic":
+        return f"runs differ (nondeterminism): first differing op {_where(f)}" if f else "runs differ"
+    if v == "lost_precision":
+        text = (f"{f['op']} lost precision (step {f['step']}, rank {f['rank']}): its inputs match the "
+                f"benchmark, its {f['tensor']} does not: {_evidence(f)}")
+        if c is not None:
+            text += f"; before it an input already differed: {_where(c)}"
+        return text
+    if v == "input_differs":
+        return (f"no op lost precision: {_where(c)} differs from the benchmark before any dumped op "
+                f"produced a difference, so an input from outside the dump (weight, batch, optimizer "
+                f"state) was corrupted or changed: {_evidence(c)}")
+    if v == "threshold":
+        return f"first op over the {res.preset} thresholds: {_where(f)}: {_evidence(f)}"
+    if v == "diverged":
+        return "tensors beyond tolerance, but none in an op the strict rule can judge (see rows)"
+    return f"no divergence under {res.preset}; {sum(not r.equal for r in res.rows)} tensors differ within tolerance"
+
+
+def row_dict(r: Row) -> dict[str, Any]:
+    t, b = r.target, r.bench
+    out: dict[str, Any] = {
+        "index": r.index, "step": t.step, "rank": t.rank, "op": t.name, "op_type": t.op_type,
+        "tensor": tensor_label(t), "bench_op": b.name, "bench_tensor": tensor_label(b),
+        "dtype": t.dtype, "bench_dtype": b.dtype, "shape": list(t.shape), "bench_shape": list(b.shape),
+        "bitwise_equal": r.equal, "ok": r.ok, "tolerance": r.tolerance, "fail_reason": r.fail_reason}
+    if r.diff is not None:
+        out.update(metrics=dict(r.diff.metrics), count=r.diff.count, differ=r.diff.differ,
+                   nonfinite_mismatch=r.diff.nonfinite_mismatch)
+    if r.stats_diff is not None:
+        out["stats_diffs"] = dict(r.stats_diff.diffs)
+    return out
+
+
+def to_json(res: CompareResult) -> dict[str, Any]:
+    """The JSON document (pass through ``model.json_safe`` before dumping: metrics may be NaN)."""
+    return {"bench": res.bench.path, "target": res.target.path,
+            "layouts": {"bench": res.bench.layout, "target": res.target.layout},
+            "preset": res.preset, "mode": res.mode, "pairs": len(res.rows),
+            "unmatched": res.unmatched, "first_diverging_op": res.first_diverging_op,
+            "corrupted_input": res.corrupted_input, "first_differing_tensor": res.first_differing_tensor,
+            "identical": res.identical, "diverged": res.diverged, "verdict": verdict(res),
+            "summary": summary(res), "differ_bitwise": sum(not r.equal for r in res.rows),
+            "beyond_tolerance": sum(r.ok is False for r in res.rows), "errors": res.errors,
+            "rows": [row_dict(r) for r in res.rows]}
+
+
+# ------------------------------------------------------------------------------------- CSV
+
+def _fmt(v: Any, missing: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return missing
+    return f"{float(v):.6f}"
+
+
+def _tensor_index(t: DumpTensor) -> str:
+    arg = t.extra.get("arg", t.index)
+    return f"{t.name}:{'output' if t.io == 'output' else 'input'}:{arg}"
+
+
+def _shape(t: DumpTensor) -> str:
+    return "[" + ",".join(str(d) for d in t.shape) + "]"
+
+
+def _std_cell(r: Row) -> str:
+    """msaccucmp's "(mean_my;std_my),(mean_golden;std_golden)", 3 decimals, |v| < 0.001 as 0."""
+    d = r.diff
+    if d is None or d.target_stats is None or d.bench_stats is None:
+        return "NaN"
+    f = lambda v: "0" if abs(v) < 0.001 else f"{v:.3f}"  # noqa: E731
+    (mt, st), (mb, sb) = d.target_stats, d.bench_stats
+    return f"({f(mt)};{f(st)}),({f(mb)};{f(sb)})"
+
+
+def _msaccucmp_row(i: int, t: DumpTensor | None, b: DumpTensor | None, r: Row | None) -> list[str]:
+    side = t or b
+    assert side is not None
+    m = r.diff.metrics if r is not None and r.diff is not None else {}
+    reason = r.fail_reason if r is not None else "no match on the other side"
+    if r is not None and r.diff is None and r.stats_diff is not None:
+        reason = "; ".join(s for s in ("statistics only", reason) if s)
+    cells = [str(i), side.op_type or "NaN", t.name if t else "*", t.dtype if t else "NaN", "NaN",
+             b.name if b else "*", b.dtype if b else "NaN", "NaN", _tensor_index(side), _shape(side)]
+    for name in MSACCUCMP_HEADER[10:-1]:
+        cells.append(_std_cell(r) if name == "StandardDeviation" and r is not None
+                     else _fmt(m.get(name), "NaN"))
+    return cells + [reason]
+
+
+def _msprobe_name(t: DumpTensor) -> str:
+    slot = t.extra.get("slot")
+    if slot is None:
+        return f"{t.name}.{t.io or 'output'}.{t.index}"
+    kind = "input" if slot.startswith("input") else slot
+    return f"{t.name}.{kind}.{t.extra.get('arg', t.index)}"
+
+
+def _stat_cells(s: TensorStats | None) -> list[str]:
+    if s is None:
+        return ["N/A"] * 4
+    return [_fmt(v, "N/A") for v in (s.max, s.min, s.mean, s.l2norm)]
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    if a is None or b is None or b == 0 or not math.isfinite(a - b):
+        return "N/A"
+    return f"{abs(a - b) / abs(b) * 100:.2f}%"
+
+
+def _msprobe_row(r: Row, stats_layout: bool) -> list[str]:
+    t, b = r.target, r.bench
+    ts, bs = r.target_stats or t.stats, r.bench_stats or b.stats
+    cells = [_msprobe_name(t), _msprobe_name(b), t.dtype, b.dtype, str(list(t.shape)), str(list(b.shape))]
+    if stats_layout:
+        pairs = [(getattr(ts, k, None), getattr(bs, k, None)) for k in ("max", "min", "mean", "l2norm")]
+        cells += [_fmt(x - y, "N/A") if x is not None and y is not None else "N/A" for x, y in pairs]
+        cells += [_pct(x, y) for x, y in pairs]
+    else:
+        m = r.diff.metrics if r.diff is not None else {}
+        rmse = m.get("RootMeanSquareError")
+        euc = rmse * math.sqrt(r.diff.count) if rmse is not None and r.diff is not None else None
+        cells += [_fmt(m.get("CosineSimilarity"), "N/A"), _fmt(euc, "N/A"),
+                  _fmt(m.get("MaxAbsoluteError"), "N/A"), _fmt(m.get("MaxRelativeError"), "N/A")]
+        cells += [_fmt(m.get(name), "N/A") for name in RATIO_NAMES]
+    result = {True: "pass", False: "error", None: "N/A"}[r.ok]
+    return cells + _stat_cells(ts) + _stat_cells(bs) + [result, r.fail_reason]
+
+
+def write_csv(res: CompareResult, fh: IO[str], layout: str = "msaccucmp") -> None:
+    """The full table: every pair, then the unmatched tensors of either side."""
+    w = csv.writer(fh, lineterminator="\n")
+    if layout == "msprobe":
+        stats_layout = bool(res.rows) and all(r.diff is None for r in res.rows)
+        w.writerow(MSPROBE_STATS_HEADER if stats_layout else MSPROBE_TENSOR_HEADER)
+        for r in res.rows:
+            w.writerow(_msprobe_row(r, stats_layout))
+        return
+    if layout != "msaccucmp":
+        raise ValueError(f"unknown CSV layout {layout!r}")
+    w.writerow(MSACCUCMP_HEADER)
+    for r in res.rows:
+        w.writerow(_msaccucmp_row(r.index, r.target, r.bench, r))
+    for i, (side, t) in enumerate(res.unmatched_tensors, start=len(res.rows)):
+        w.writerow(_msaccucmp_row(i, t if side == "target" else None, t if side == "bench" else None, None))
+
+
+# ------------------------------------------------------------------------------------ text
+
+def format_text(res: CompareResult, limit: int = 30) -> str:
+    doc = to_json(res)
+    lines = [f"bench:   {res.bench.path} ({res.bench.layout}, {len(res.bench.tensors)} tensors)",
+             f"target:  {res.target.path} ({res.target.layout}, {len(res.target.tensors)} tensors)",
+             f"preset:  {res.preset}   mode: {res.mode}",
+             f"pairs:   {doc['pairs']}   unmatched: {len(res.unmatched)}   differ bitwise: "
+             f"{doc['differ_bitwise']}   failing: {doc['beyond_tolerance']}",
+             f"verdict: {doc['verdict']}: {doc['summary']}"]
+    f = res.first_differing_tensor
+    lines.append("first differing tensor: " + (f"{_where(f)}: {_evidence(f)}" if f else "none"))
+    bad = [r for r in res.rows if r.ok is False]
+    if bad:
+        lines.append(f"{'step':>4} {'rank':>4}  {'tensor':<56} {'cosine':>10} {'RED':>10} {'max|Δ|':>10}")
+        for r in bad[:limit]:
+            m = r.diff.metrics if r.diff is not None else {}
+            lines.append(f"{str(r.target.step):>4} {str(r.target.rank):>4}  "
+                         f"{(r.target.name + ' ' + tensor_label(r.target))[:56]:<56} "
+                         + " ".join(f"{_num(m.get(k, float('nan'))):>10}" for k in
+                                    ("CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError")))
+        if len(bad) > limit:
+            lines.append(f"... {len(bad) - limit} more (--json or --csv for all)")
+    for u in res.unmatched[:limit]:
+        lines.append(f"unmatched {u['side']}: {u['op']} {u['tensor']} (step {u['step']}, rank {u['rank']})")
+    if len(res.unmatched) > limit:
+        lines.append(f"... {len(res.unmatched) - limit} more unmatched")
+    for e in res.errors[:limit]:
+        lines.append(f"error ({e['side']}): {e['path']}: {e['reason']}")
+    return "\n".join(lines)
+
+
