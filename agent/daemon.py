@@ -34,7 +34,7 @@ from .readers.tailer import TailEvent, TailPosition
 from .rulefile import RuleSet, default_rules_dir, load_rules
 from .sources.queue import ChangeQueue
 from .sources.watcher import TreeWatcher, walk, watch_for
-from .dumps.schedule import DumpScheduler, ScanResult, result_samples
+from .dumps.schedule import DumpScheduler, ScanResult, labelled
 from .state import StateError, StateStore
 from .exporters.http import HttpExporter
 from .exporters.metrics import AgentCollector
@@ -298,7 +298,7 @@ class Agent:
         for e in res["errors"]:
             self.health.error("scan", "%s: %s", e["path"], e["reason"])
         watch = watch_for(self.config.watches, os.path.join(r.unit, "x")) or watch_for(self.config.watches, r.unit)
-        self.pipeline.process(result_samples(res, watch.labels if watch is not None else {}, r.unit))
+        self.pipeline.process(labelled(r.samples, watch.labels if watch is not None else {}))
         for message in self.pipeline.errors:
             self.health.error("internal", "%s", message)
         self.pipeline.errors.clear()

@@ -153,3 +153,21 @@ def test_cli_rules_option_progress_and_json(tmp_path):
     assert bad.returncode == 2 and "no_such_kind" in bad.stderr
     text = cli(str(tmp_path / "dump"), "--no-progress").stdout
     assert "findings: 1" in text and "DumpFp16Saturation step 7" in text and "overflows: 0" in text
+
+
+def test_scan_thread_samples_take_the_watch_labels(tmp_path):
+    from precision_agent.dumps.schedule import DumpScheduler, labelled
+    from conftest import wait_for
+    d = _two_ranks_two_steps(tmp_path)
+    sched = DumpScheduler(settle=0.0, queue_size=1, scanned={})
+    sched.queue.put_nowait((d, (1, 1, 1)))
+    sched.start()
+    try:
+        wait_for(lambda: sched.inbox, what="scan result")
+    finally:
+        sched.stop()
+    (r,) = sched.drain()
+    assert r.error is None and [s.metric for s in r.samples][:2] == [DUMP_NONFINITE, DUMP_OVERFLOW]
+    samples = labelled(r.samples, {"job": "llm", "rank": "99"})
+    assert {dict(s.labels)["rank"] for s in samples} == {"0"}          # the dump's own rank wins
+    assert all(dict(s.labels)["job"] == "llm" for s in samples)

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,17 @@ class ScanResult:
     signature: tuple[int, int, int]
     result: dict[str, Any] | None
     error: str | None = None
+    # result_samples(result, {}), made on the scan thread: the watchpoint samples read tensor
+    # data (weight sketches), which must not hold up the daemon's main worker
+    samples: list[Sample] = field(default_factory=list)
+
+
+def labelled(samples: list[Sample], labels: dict[str, str]) -> list[Sample]:
+    """The scan thread's samples under a watch's labels (a sample's own, e.g. rank, win)."""
+    if labels:
+        for s in samples:
+            s.labels = make_labels({**labels, **dict(s.labels)})
+    return samples
 
 
 MAX_OPS_PER_STEP = 16  # overflow / saturation samples per (step, rank): bounds the op labels
@@ -203,7 +214,8 @@ class DumpScheduler:
                 return
             unit, sig = item
             try:
-                self.inbox.append(ScanResult(unit, sig, scan_dump(Path(unit))))
+                result = scan_dump(Path(unit))
+                self.inbox.append(ScanResult(unit, sig, result, samples=result_samples(result, {}, unit)))
             except Exception as exc:  # a reader bug must not kill the scan thread
                 log.exception("scanning %s failed", unit)
                 self.inbox.append(ScanResult(unit, sig, None, repr(exc)))
