@@ -177,10 +177,9 @@ def _stat_cells(s: TensorStats | None) -> list[str]:
     return [_fmt(v, "N/A") for v in (s.max, s.min, s.mean, s.l2norm)]
 
 
-def _pct(a: float | None, b: float | None) -> str:
-    if a is None or b is None or b == 0 or not math.isfinite(a - b):
-        return "N/A"
-    return f"{abs(a - b) / abs(b) * 100:.2f}%"
+def _pct(v: float | None) -> str:
+    """msprobe prints relative errors as percentages."""
+    return "N/A" if v is None or math.isnan(v) else f"{abs(v) * 100:.2f}%"
 
 
 def _msprobe_row(r: Row, stats_layout: bool) -> list[str]:
@@ -188,9 +187,9 @@ def _msprobe_row(r: Row, stats_layout: bool) -> list[str]:
     ts, bs = r.target_stats or t.stats, r.bench_stats or b.stats
     cells = [_msprobe_name(t), _msprobe_name(b), t.dtype, b.dtype, str(list(t.shape)), str(list(b.shape))]
     if stats_layout:
-        pairs = [(getattr(ts, k, None), getattr(bs, k, None)) for k in ("max", "min", "mean", "l2norm")]
-        cells += [_fmt(x - y, "N/A") if x is not None and y is not None else "N/A" for x, y in pairs]
-        cells += [_pct(x, y) for x, y in pairs]
+        d = r.stats_diff.diffs if r.stats_diff is not None else {}
+        cells += [_fmt(d.get(f"{k}Diff"), "N/A") for k in ("Max", "Min", "Mean", "Norm")]
+        cells += [_pct(d.get(f"{k}RelativeErr")) for k in ("Max", "Min", "Mean", "Norm")]
     else:
         m = r.diff.metrics if r.diff is not None else {}
         rmse = m.get("RootMeanSquareError")
