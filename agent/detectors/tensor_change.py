@@ -187,7 +187,9 @@ class WeightChangeDetector(_ChangeKind):
         if p.abs_mean_update_ratio_gt is not None and ratio > p.abs_mean_update_ratio_gt:
             return {**ev, "condition": "too_large", "threshold": p.abs_mean_update_ratio_gt,
                     "score": ratio if math.isfinite(ratio) else 1e308}
-        if p.abs_mean_update_ratio_lt is not None and basis == "sampled_elements" and ratio < p.abs_mean_update_ratio_lt:
+        # ratio 0 (no change at all) is left to weight_not_changed, so one cause raises one alert
+        if p.abs_mean_update_ratio_lt is not None and basis == "sampled_elements" \
+                and 0 < ratio < p.abs_mean_update_ratio_lt:
             return {**ev, "condition": "too_small", "threshold": p.abs_mean_update_ratio_lt,
                     "score": -ratio}
         return None

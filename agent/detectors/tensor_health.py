@@ -179,6 +179,19 @@ class MagnitudeParams(TensorParams):
     # mean(|x|) is not a dump statistic: "conservative" uses the bound that cannot give a false
     # hit (RMS for *_lt, max(|mean|, rms^2/max|x|) for *_gt); "rms" uses the RMS for both
     abs_mean_estimate: Literal["conservative", "rms"] = "conservative"
+    direction: ClassVar[str] = ""
+
+    @model_validator(mode="after")
+    def _one_threshold(self) -> "MagnitudeParams":
+        names = [f"{k}_{self.direction}" for k in ("abs_mean", "max", "min", "mean")]
+        if self.direction and all(getattr(self, n) is None for n in names):
+            raise ValueError(f"set at least one of {', '.join(names)}")
+        other = "gt" if self.direction == "lt" else "lt"
+        wrong = [f"{k}_{other}" for k in ("abs_mean", "max", "min", "mean")
+                 if self.direction and getattr(self, f"{k}_{other}") is not None]
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)}: not a parameter of this kind (use the other one)")
+        return self
 
 
 def abs_mean_bounds(s: Sample) -> tuple[float | None, float | None, str]:
@@ -227,23 +240,13 @@ class _Magnitude(TensorKind):
 
 
 class TooSmallParams(MagnitudeParams):
+    direction: ClassVar[str] = "lt"
     roles: list[RoleName] = Field(default_factory=lambda: ["gradient"])
-
-    @model_validator(mode="after")
-    def _one(self) -> "TooSmallParams":
-        if all(getattr(self, f"{k}_lt") is None for k in ("abs_mean", "max", "min", "mean")):
-            raise ValueError("set at least one of abs_mean_lt, max_lt, min_lt, mean_lt")
-        return self
 
 
 class TooLargeParams(MagnitudeParams):
+    direction: ClassVar[str] = "gt"
     roles: list[RoleName] = Field(default_factory=lambda: ["gradient"])
-
-    @model_validator(mode="after")
-    def _one(self) -> "TooLargeParams":
-        if all(getattr(self, f"{k}_gt") is None for k in ("abs_mean", "max", "min", "mean")):
-            raise ValueError("set at least one of abs_mean_gt, max_gt, min_gt, mean_gt")
-        return self
 
 
 class TensorTooSmallDetector(_Magnitude):

@@ -77,7 +77,7 @@ DEFAULT_ACTIVATION = (
 DEFAULT_FUNCTIONS: dict[str, str] = {
     "tanh": r"(?i)" + _SEP + r"tanh_?" + _END,
     "sigmoid": r"(?i)" + _SEP + r"sigmoid_?" + _END,
-    "relu": r"(?i)" + _SEP + r"relu_?" + _END,
+    "relu": r"(?i)(?:^|[./\-]|(?<!leaky)_)relu_?" + _END,     # not leaky_relu: it is never dead
 }
 
 
