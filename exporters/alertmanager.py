@@ -31,21 +31,35 @@ from collections import OrderedDict
 from datetime import datetime, timezone
 from http.client import HTTPException
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Annotated, Any, Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AnyHttpUrl, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from .. import __version__
-from ..alerts import RESOLVED_RETENTION_S
-from ..config import Duration, LabelValue, check_labels
 from ..model import Alert, AlertState
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 64        # alerts per POST, as Prometheus' notifier
+MAX_BATCH = 64             # alerts per POST, as Prometheus' notifier
 API_PATH = "/api/v2/alerts"
+RESOLVED_RESEND_S = 900.0  # resolved alerts ride along with the resends this long (Prometheus: 15m)
+
+
+# agent/config.py imports this module for its ``alertmanager:`` section, so the helpers shared with
+# it are looked up when a value is validated, not at import time (no import cycle).
+def _duration(v: Any) -> float:
+    from ..config import parse_duration
+    return parse_duration(v)
+
+
+def _labels(v: Any) -> Any:
+    from ..config import _label_value, check_labels
+    return check_labels({k: _label_value(x) for k, x in v.items()}) if isinstance(v, dict) else v
+
+
+Duration = Annotated[float, BeforeValidator(_duration)]
 
 
 class BasicAuth(BaseModel):
@@ -76,7 +90,8 @@ class AlertmanagerConfig(BaseModel):
     retry_backoff: Duration = 1.0                  # first retry delay, doubled up to max_backoff
     max_backoff: Duration | None = None            # default: resend_interval
     queue_size: int = Field(1000, ge=1)            # alerts waiting per URL; beyond, the oldest is dropped
-    external_labels: dict[str, LabelValue] = Field(default_factory=dict)  # added unless the alert has them
+    # added to every alert unless it has the label; ``instance`` here replaces the host name
+    external_labels: Annotated[dict[str, str], BeforeValidator(_labels)] = Field(default_factory=dict)
     external_url: AnyHttpUrl | None = None         # base of generatorURL, e.g. http://host:19400
     basic_auth: BasicAuth | None = None
     bearer_token_file: Path | None = None
@@ -84,8 +99,6 @@ class AlertmanagerConfig(BaseModel):
     cert_file: Path | None = None                  # client certificate (with key_file)
     key_file: Path | None = None
     insecure_skip_verify: bool = False
-
-    _check_labels = field_validator("external_labels")(check_labels)
 
     @field_validator("resend_interval", "timeout", "retry_backoff", "lifetime", "max_backoff")
     @classmethod
@@ -204,7 +217,7 @@ class AlertmanagerPusher:
         self._stats = _Stats()
         self._targets = [_Target(str(u), self) for u in config.urls]
         self._firing: dict[str, dict[str, Any]] = {}           # fingerprint -> payload (endsAt refreshed)
-        self._resolved: dict[str, tuple[float, dict[str, Any]]] = {}  # re-sent for RESOLVED_RETENTION_S
+        self._resolved: dict[str, tuple[float, dict[str, Any]]] = {}  # re-sent for RESOLVED_RESEND_S
         self._last_resend: float | None = None
         self._opener = self._build_opener()
 
@@ -253,7 +266,7 @@ class AlertmanagerPusher:
             out += [(fp, {**p, "endsAt": rfc3339(now + lifetime)}) for fp, p in self._firing.items()
                     if fp not in fresh]
             for fp, (at, p) in list(self._resolved.items()):
-                if now - at > RESOLVED_RETENTION_S:
+                if now - at > RESOLVED_RESEND_S:
                     del self._resolved[fp]
                 elif fp not in fresh:
                     out.append((fp, p))
@@ -269,8 +282,7 @@ class AlertmanagerPusher:
         out.append((fp, p))
 
     def _payload(self, a: Alert) -> dict[str, Any]:
-        labels = {**self.config.external_labels, "instance": self.instance, **dict(a.labels),
-                  "alertname": a.rule}
+        labels = {"instance": self.instance, **self.config.external_labels, **dict(a.labels), "alertname": a.rule}
         p: dict[str, Any] = {"labels": {k: v for k, v in labels.items() if v},
                              "annotations": {k: str(v) for k, v in a.annotations.items() if v},
                              "startsAt": rfc3339(a.fired_at if a.fired_at is not None else a.active_at)}

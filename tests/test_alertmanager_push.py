@@ -13,6 +13,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from datetime import datetime
@@ -25,7 +26,8 @@ import yaml
 from pydantic import ValidationError
 
 from conftest import wait_for
-from e2e_support import alertmanager_wrapper, find_binary, get_json, in_ci, start_listening, stop_all
+from e2e_support import (alertmanager_wrapper, find_binary, get_json, http_get, in_ci, megatron_line, start_listening,
+                         stop_all)
 from test_e2e_prometheus import WebhookSink
 
 from precision_agent.exporters.alertmanager import (AlertmanagerCollector, AlertmanagerConfig,
@@ -339,3 +341,34 @@ def test_config_defaults() -> None:
     assert (cfg.resend_interval, cfg.alert_lifetime, cfg.timeout, cfg.backoff_cap) == (60, 240, 10, 60)
     p = AlertmanagerPusher(cfg, instance="h")
     assert p._targets[0].url == "http://am:9093/prefix/api/v2/alerts"
+
+
+@pytest.mark.e2e
+def test_daemon_pushes_to_alertmanager(am: tuple[str, WebhookSink], tmp_path: Path) -> None:
+    """The real daemon with an ``alertmanager:`` section: a collapse in a log it follows pages
+    through Alertmanager without Prometheus, and the push counters are on /metrics."""
+    from precision_agent.config import Config
+    if "alertmanager" not in Config.model_fields:
+        pytest.skip("agent/config.py has no alertmanager section yet (integration not wired)")
+    url, _sink = am
+    (tmp_path / "logs").mkdir()
+    cfg = tmp_path / "agent.yml"
+    cfg.write_text(yaml.safe_dump({
+        "watches": [{"path": str(tmp_path / "logs"), "labels": {"run": "r-daemon"}}],
+        "limits": {"nice": 0, "io_idle": False},
+        "alertmanager": {"urls": [url], "resend_interval": "1m", "external_labels": {"instance": "node-7"}}}))
+    agent, port = start_listening("agent", lambda p: [
+        sys.executable, "-m", "precision_agent", "run", "--listen", f"127.0.0.1:{p}",
+        "--state", str(tmp_path / "state"), "--config", str(cfg)], tmp_path)
+    try:
+        with open(tmp_path / "logs" / "train.log", "w", encoding="utf-8") as f:
+            for it, scale in enumerate((65536.0, 1.0), start=1):
+                f.write(megatron_line(it, 10, scale) + "\n")
+        [a] = wait_for(lambda: _am_alerts(url, "r-daemon"), 20, what="the daemon's alert in Alertmanager")
+        assert a["labels"] == {"alertname": "LossScaleAtFloor", "run": "r-daemon", "severity": "page",
+                               "instance": "node-7"}
+        assert a["generatorURL"] == f"http://127.0.0.1:{port}/api/v1/alerts"
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200 and "precision_agent_alertmanager_alerts_sent_total 1.0" in body.decode()
+    finally:
+        assert not stop_all([agent])
