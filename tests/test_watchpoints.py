@@ -116,7 +116,8 @@ def test_tensor_samples_groups_marks_and_drops_duplicates():
     out = tensor_samples(r, LABELS)
     assert all(s.metric == DUMP_TENSOR for s in out)
     # (step 0, rank 3) first, then (step 1, rank 0); each closed by a marker
-    assert [(s.step, dict(s.labels).get("rank"), s.attr("event") or s.attr("tensor")) for s in out] == [
+    assert all(s.step is None for s in out)       # the step is an attr: see test_no_stalled_on_dump_series
+    assert [(s.attr("step"), dict(s.labels).get("rank"), s.attr("event") or s.attr("tensor")) for s in out] == [
         (0, "3", f"{GRAD}:param:0"), (0, "3", STEP_END),
         (1, "0", "Functional.linear.0.forward:output:0"), (1, "0", f"{W}:param:0"), (1, "0", STEP_END)]
     assert dict(out[0].labels) == {"job": "train", "rank": "3"}   # no tensor name in the series labels
@@ -347,6 +348,19 @@ def test_mindspore_npy_dump_end_to_end(tmp_path):
     assert all(f.severity == "ticket" for f in fs)
     wnc = next(f for f in fs if f.rule == "WeightNotChanged")
     assert wnc.evidence["basis"] == "sampled_elements" and dict(wnc.labels)["rank"] == "0"
+
+
+def test_no_stalled_on_dump_series(tmp_path):
+    """A dump series has no training progress: an hour after a scan, step-based kinds
+    (TrainingStalled) must not call it a hung job."""
+    d = tmp_path / "rank_0" / "Net" / "0" / "3"
+    _ms_npy(d, "Parameter", "fc1_weight", 1_700_000_000_000_000, rng.normal(size=(4, 4)))
+    p = shipped()
+    samples = tensor_samples(scan(tmp_path), LABELS)
+    p.process(samples)
+    for dt in (0, 700, 3600):
+        p.tick(samples[0].time + dt)
+    assert [a for a in p.alerts.alerts.values()] == []
 
 
 def test_cann_dump_sketch_and_gradients(tmp_path):

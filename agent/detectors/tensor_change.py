@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 
 from ..model import Labels, Sample
 from ..dumps.watchpoints import Role
-from .tensor_health import RoleName, TensorKind, TensorParams, nonfinite
+from .tensor_health import RoleName, TensorKind, TensorParams, dump_step, nonfinite
 
 _STATS = ("min", "max", "mean", "l2norm", "count", "nan", "pos_inf", "neg_inf")
 
@@ -60,9 +60,10 @@ class _ChangeKind(TensorKind):
         cur = {k: s.attr(k) for k in _STATS}
         sk = s.attr("sketch")
         prev = self._prev.get(key)
-        if prev is not None and s.step is not None and prev.step is not None and s.step <= prev.step:
+        step = dump_step(s)
+        if prev is not None and step is not None and prev.step is not None and step <= prev.step:
             return None  # the same or an older step again (a rescan): nothing to compare
-        self._prev[key] = _Prev(s.step, cur, sk if isinstance(sk, np.ndarray) else None)
+        self._prev[key] = _Prev(step, cur, sk if isinstance(sk, np.ndarray) else None)
         self._prev.move_to_end(key)
         while len(self._prev) > self.params.max_tensors:
             self._prev.popitem(last=False)

@@ -37,6 +37,13 @@ def _num(s: Sample, key: str) -> float | None:
     return None if v is None else float(v)
 
 
+def dump_step(s: Sample) -> int | None:
+    """The dump's training step: an attr, since these samples leave ``Sample.step`` unset (a
+    series with steps is watched by ``stalled``, and a dump series has no training progress)."""
+    step = s.attr("step", s.step)
+    return None if step is None else int(step)
+
+
 def nonfinite(s: Sample) -> int:
     return int(s.attr("nan") or 0) + int(s.attr("pos_inf") or 0) + int(s.attr("neg_inf") or 0)
 
@@ -117,7 +124,8 @@ class TensorKind(Detector[TensorParams]):
             return self._flush(sample.labels)
         hit = None
         g = self._open.get(sample.labels)
-        if g is not None and g.step != sample.step:
+        step = dump_step(sample)
+        if g is not None and g.step != step:
             hit = self._flush(sample.labels)
             g = None
         role = self.role_of(sample)
@@ -129,7 +137,7 @@ class TensorKind(Detector[TensorParams]):
         if g is None:
             if len(self._open) >= MAX_OPEN_GROUPS:
                 self._open.popitem(last=False)
-            g = self._open[sample.labels] = _Group(sample.step)
+            g = self._open[sample.labels] = _Group(step)
         g.count += 1
         if g.first is None:
             g.first = (sample, ev)
@@ -344,7 +352,8 @@ class WeightInitializationDetector(TensorKind):
 
     def judge(self, s: Sample, role: Role) -> dict[str, Any] | None:
         p = self.params
-        if s.step is not None and s.step > p.max_step:
+        step = dump_step(s)
+        if step is not None and step > p.max_step:
             return None
         pct = zero_percent(s)
         if p.zero_percentage_ge is not None and pct is not None and pct >= p.zero_percentage_ge:
@@ -357,4 +366,4 @@ class WeightInitializationDetector(TensorKind):
         return None
 
 
-__all__ = ["TensorKind", "TensorParams", "abs_mean_bounds", "nonfinite", "rms", "zero_percent"]
+__all__ = ["TensorKind", "TensorParams", "abs_mean_bounds", "dump_step", "nonfinite", "rms", "zero_percent"]

@@ -224,7 +224,9 @@ def tensor_samples(result: dict, labels: dict[str, str], classifier: Classifier 
                    sketches: bool = True) -> list[Sample]:
     """Per-tensor samples (metric :data:`DUMP_TENSOR`) for the tensors any watchpoint kind judges,
     with their statistics, role and (weights, data dumps) sketch as attrs; a ``step_end`` marker
-    closes every (step, rank). Labels are ``labels`` plus ``rank``: tensor names stay in attrs."""
+    closes every (step, rank). Labels are ``labels`` plus ``rank``: tensor names stay in attrs.
+    The step is the attr ``step``; ``Sample.step`` stays None, so the dump series never looks like
+    a training stream to step-based kinds (``stalled`` would call a finished dump a hung job)."""
     cls = classifier or DEFAULT_CLASSIFIER
     out: list[Sample] = []
     now = time.time()
@@ -261,9 +263,10 @@ def tensor_samples(result: dict, labels: dict[str, str], classifier: Classifier 
                     n_sketch += 1
                     attrs.append(("sketch", sk))
             value = rms(t)
+            attrs.append(("step", st))
             out.append(Sample(series, DUMP_TENSOR, value if value is not None and math.isfinite(value) else 0.0,
-                              st, SourcePos(str(t.get("path") or where), 0), now, None, tuple(attrs)))
+                              None, SourcePos(str(t.get("path") or where), 0), now, None, tuple(attrs)))
             emitted += 1
-        out.append(Sample(series, DUMP_TENSOR, float(emitted), st, SourcePos(where, 0), now, None,
-                          (("event", STEP_END), ("tensors", emitted))))
+        out.append(Sample(series, DUMP_TENSOR, float(emitted), None, SourcePos(where, 0), now, None,
+                          (("event", STEP_END), ("tensors", emitted), ("step", st))))
     return out
