@@ -1,0 +1,246 @@
+"""``compare`` against ``msprobe compare``: wall time, end to end, on one generated msprobe dump
+pair of ~90 MB per side (goal: ours >= 20x faster). Both run as commands, as a user runs them.
+
+The pair is written by this script (no torch needed): an L1 tensor dump (``dump.json`` plus one
+``torch.save``-format ``.pt`` file per tensor) of ten MLP blocks (d=384, hidden 1536, 128 tokens),
+forward only, 251 tensors; the target computes one block's second linear in float16, so both tools
+have real differences to report and ours must name that op.
+
+msprobe (PyPI ``mindstudio-probe``) is installed only with ``--with-msprobe``, only into a
+throw-away venv of this script's own (``--venv DIR`` keeps and reuses one), with torch from
+``pip install torch==2.13.0``. Never in CI; without the flag only our time is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import common
+
+GOAL_SPEEDUP = 20.0
+MSPROBE = "mindstudio-probe==26.2.0"
+TORCH = "torch==2.13.0"
+D, HIDDEN, TOKENS = 384, 1536, 128
+DRIFT_BLOCK = 3
+
+
+# -- a torch.save file without torch -------------------------------------------------------------
+def _pk_str(s: str) -> bytes:
+    b = s.encode()
+    return b"X" + struct.pack("<I", len(b)) + b
+
+
+def _pk_int(v: int) -> bytes:
+    return b"J" + struct.pack("<i", v)
+
+
+def _pk_ints(vals: tuple[int, ...]) -> bytes:
+    return b"(" + b"".join(_pk_int(v) for v in vals) + b"t"
+
+
+def write_pt(path: Path, arr: np.ndarray) -> None:
+    """``torch.save(tensor)`` of a C-contiguous float32 array: the zip layout and the protocol-2
+    pickle torch writes (``_rebuild_tensor_v2`` over one persistent FloatStorage)."""
+    a = np.ascontiguousarray(arr, dtype=np.float32)
+    strides = tuple(s // 4 for s in a.strides) if a.ndim else ()
+    pkl = (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n((" + _pk_str("storage")
+           + b"ctorch\nFloatStorage\n" + _pk_str("0") + _pk_str("cpu") + _pk_int(a.size) + b"tQ"
+           + _pk_int(0) + _pk_ints(a.shape) + _pk_ints(strides)
+           + b"\x89ccollections\nOrderedDict\n)Rt" + b"R.")
+    stem = path.name[:-3]
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr(f"{stem}/data.pkl", pkl)
+        z.writestr(f"{stem}/.format_version", "1")
+        z.writestr(f"{stem}/.storage_alignment", "64")
+        z.writestr(f"{stem}/byteorder", "little")
+        z.writestr(f"{stem}/data/0", a.tobytes())
+        z.writestr(f"{stem}/version", "3\n")
+
+
+# -- the dump pair --------------------------------------------------------------------------------
+def _item(a: np.ndarray, name: str) -> dict[str, Any]:
+    f = a.astype(np.float64)
+    return {"type": "torch.Tensor", "dtype": "torch.float32", "shape": list(a.shape),
+            "Max": float(f.max()), "Min": float(f.min()), "Mean": float(f.mean()),
+            "Norm": float(np.linalg.norm(f)), "requires_grad": False, "data_name": name}
+
+
+def _forward(blocks: int, half_block: int | None) -> list[tuple[str, dict[str, list[np.ndarray]]]]:
+    rng = np.random.default_rng(2024)
+    x = rng.standard_normal((TOKENS, D), dtype=np.float32)
+    entries: list[tuple[str, dict[str, list[np.ndarray]]]] = []
+    for i in range(blocks):
+        w1 = (rng.standard_normal((HIDDEN, D), dtype=np.float32) * D ** -0.5).astype(np.float32)
+        b1 = np.zeros(HIDDEN, np.float32)
+        w2 = (rng.standard_normal((D, HIDDEN), dtype=np.float32) * HIDDEN ** -0.5).astype(np.float32)
+        b2 = np.zeros(D, np.float32)
+        g, beta = np.ones(D, np.float32), np.zeros(D, np.float32)
+        mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        ln = ((x - mu) / np.sqrt(var + 1e-5) * g + beta).astype(np.float32)
+        h = ln @ w1.T + b1
+        act = (0.5 * h * (1 + np.tanh(0.7978845608 * (h + 0.044715 * h ** 3)))).astype(np.float32)
+        if i == half_block:
+            y = (act.astype(np.float16) @ w2.T.astype(np.float16) + b2.astype(np.float16)).astype(np.float32)
+        else:
+            y = act @ w2.T + b2
+        out = x + y
+        entries += [(f"Functional.layer_norm.{i}.forward", {"input_args": [x, g, beta], "output": [ln]}),
+                    (f"Functional.linear.{2 * i}.forward", {"input_args": [ln, w1, b1], "output": [h]}),
+                    (f"Functional.gelu.{i}.forward", {"input_args": [h], "output": [act]}),
+                    (f"Functional.linear.{2 * i + 1}.forward", {"input_args": [act, w2, b2], "output": [y]}),
+                    (f"Tensor.__add__.{i}.forward", {"input_args": [x, y], "output": [out]})]
+        x = out
+    return entries
+
+
+def write_dump(root: Path, blocks: int, half_block: int | None) -> int:
+    """``root/step0/rank0/{dump.json, stack.json, construct.json, dump_tensor_data/*.pt}``; bytes."""
+    d = root / "step0" / "rank0"
+    data_dir = d / "dump_tensor_data"
+    data_dir.mkdir(parents=True)
+    data: dict[str, Any] = {}
+    total = 0
+    for key, slots in _forward(blocks, half_block):
+        entry: dict[str, Any] = {}
+        for slot, arrays in slots.items():
+            items = []
+            for j, a in enumerate(arrays):
+                name = f"{key}.{'input' if slot.startswith('input') else slot}.{j}.pt"
+                write_pt(data_dir / name, a)
+                total += a.nbytes
+                items.append(_item(a, name))
+            entry[slot] = items
+        entry["input_kwargs"] = {}
+        data[key] = entry
+    doc = {"task": "tensor", "level": "L1", "framework": "pytorch", "dump_data_dir": str(data_dir),
+           "data": data}
+    (d / "dump.json").write_text(json.dumps(doc, indent=1))
+    (d / "stack.json").write_text("{}")
+    (d / "construct.json").write_text("{}")
+    return total
+
+
+# -- timing -----------------------------------------------------------------------------------------
+def _timed(cmd: list[str], repeat: int, ok: tuple[int, ...], **kw: Any) -> tuple[float, list[float], str]:
+    walls: list[float] = []
+    out = ""
+    for _ in range(repeat):
+        t = time.perf_counter()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, **kw)
+        walls.append(time.perf_counter() - t)
+        if p.returncode not in ok:
+            raise RuntimeError(f"{' '.join(cmd[:4])}... exited {p.returncode}: {p.stderr[-2000:]}")
+        out = p.stdout
+    return min(walls), walls, out
+
+
+def _msprobe_venv(venv: Path) -> tuple[Path, float]:
+    t = time.perf_counter()
+    exe = venv / "bin" / "msprobe"
+    if not exe.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+        subprocess.run(pip + [TORCH], check=True, timeout=1800)
+        subprocess.run(pip + [MSPROBE], check=True, timeout=1800)
+    return exe, time.perf_counter() - t
+
+
+def run(blocks: int = 10, repeat: int = 3, with_msprobe: bool = False, venv: Path | None = None) -> dict[str, Any]:
+    res: dict[str, Any] = {"bench": "compare_msprobe", "date": common.now_iso(), "host": common.host_info(),
+                           "params": {"blocks": blocks, "repeat": repeat, "with_msprobe": with_msprobe,
+                                      "d": D, "hidden": HIDDEN, "tokens": TOKENS, "drift_block": DRIFT_BLOCK},
+                           "goal": {"speedup": GOAL_SPEEDUP}}
+    with tempfile.TemporaryDirectory(prefix="pa-cmp-") as tmp:
+        tmpd = Path(tmp)
+        half = DRIFT_BLOCK if blocks > DRIFT_BLOCK else 0
+        nbytes = write_dump(tmpd / "bench", blocks, None)
+        write_dump(tmpd / "target", blocks, half)
+        on_disk = sum(f.stat().st_size for f in (tmpd / "bench").rglob("*") if f.is_file())
+        res["params"].update(tensor_bytes_per_side=nbytes, bytes_per_side=on_disk,
+                             files_per_side=len(list((tmpd / "bench").rglob("*.pt"))))
+        ours_cmd = [sys.executable, "-m", "precision_agent.compare.cli", "compare",
+                    str(tmpd / "bench" / "step0"), str(tmpd / "target" / "step0"), "--json"]
+        best, walls, out = _timed(ours_cmd, repeat, ok=(1,))
+        doc = json.loads(out)
+        res["ours"] = {"best_s": best, "walls_s": walls, "pairs": doc["pairs"],
+                       "first_diverging_op": (doc["first_diverging_op"] or {}).get("op"),
+                       "mb_per_s": 2 * on_disk / common.MB / best}
+        res["ours"]["names_drift_op"] = res["ours"]["first_diverging_op"] == f"Functional.linear.{2 * half + 1}.forward"
+        if with_msprobe:
+            keep = venv is not None
+            vdir = venv or tmpd / "venv"
+            exe, setup = _msprobe_venv(vdir)
+            outdir = tmpd / "msprobe_out"
+            cmd = [str(exe), "compare", "-tp", str(tmpd / "target" / "step0"), "-gp",
+                   str(tmpd / "bench" / "step0"), "-o", str(outdir)]
+            best_m, walls_m, _ = _timed(cmd, repeat, ok=(0,))
+            csvs = sorted(outdir.glob("compare_result_*.csv"))
+            rows, errors = _msprobe_rows(csvs[-1]) if csvs else (0, 0)
+            res["msprobe"] = {"best_s": best_m, "walls_s": walls_m, "venv_setup_s": setup, "rows": rows,
+                              "error_rows": errors, "mb_per_s": 2 * on_disk / common.MB / best_m,
+                              "venv_kept": str(vdir) if keep else None}
+            res["ratios"] = {"speedup": best_m / best, "speedup_to_goal": best_m / best / GOAL_SPEEDUP}
+            if not keep:
+                shutil.rmtree(vdir, ignore_errors=True)
+    return res
+
+
+def _msprobe_rows(path: Path) -> tuple[int, int]:
+    import csv
+    with path.open(newline="", encoding="utf-8", errors="replace") as fh:
+        rows = list(csv.DictReader(fh))
+    return len(rows), sum(r.get("Result", "").strip().lower() == "error" for r in rows)
+
+
+def report(res: dict[str, Any]) -> str:
+    p, o = res["params"], res["ours"]
+    lines = [f"compare_msprobe: {p['bytes_per_side'] / common.MB:.1f} MB per side, {p['files_per_side']} .pt files, "
+             f"best of {p['repeat']}",
+             f"  ours (precision-agent compare, CLI): {o['best_s']:.2f} s ({o['mb_per_s']:.0f} MB/s), "
+             f"{o['pairs']} pairs, first diverging op {o['first_diverging_op']} "
+             f"({'the planted one' if o['names_drift_op'] else 'NOT the planted one'})"]
+    m = res.get("msprobe")
+    if m is None:
+        lines.append("  msprobe compare: not run (--with-msprobe installs it into a throw-away venv)")
+    else:
+        s = res["ratios"]["speedup"]
+        lines += [f"  msprobe compare (CLI): {m['best_s']:.2f} s ({m['mb_per_s']:.0f} MB/s), {m['rows']} rows, "
+                  f"{m['error_rows']} 'error' (venv setup {m['venv_setup_s']:.0f} s, not counted)",
+                  f"  speedup {s:.1f}x (goal >= {GOAL_SPEEDUP:.0f}x: {'within goal' if s >= GOAL_SPEEDUP else 'BELOW GOAL'})"]
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--blocks", type=int, default=None, help="MLP blocks (default 10: ~92 MB per side; quick 2)")
+    p.add_argument("--repeat", type=int, default=None, help="best of N (default 3, quick 1)")
+    p.add_argument("--with-msprobe", action="store_true",
+                   help=f"also time msprobe compare ({MSPROBE}, {TORCH} into a throw-away venv)")
+    p.add_argument("--venv", type=Path, default=None, help="keep and reuse msprobe's venv here")
+
+
+def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    q = args.quick
+    return run(blocks=args.blocks or (2 if q else 10), repeat=args.repeat or (1 if q else 3),
+               with_msprobe=args.with_msprobe, venv=args.venv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return common.bench_main(sys.modules[__name__], "compare_msprobe", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
