@@ -129,7 +129,7 @@ class _Side:
 
 class _Scratch:
     def __init__(self, n: int) -> None:
-        self.x, self.y, self.d, self.r = (np.empty(n) for _ in range(4))
+        self.x, self.y, self.d, self.r, self.t = (np.empty(n) for _ in range(5))
         self.f32 = np.empty(n, np.float32)
         self.u32 = np.empty(n, np.uint32)
         self.b1, self.b2 = np.empty(n, np.bool_), np.empty(n, np.bool_)
@@ -188,11 +188,19 @@ class _Acc:
         self.mn = [math.inf, math.inf]
         self.mx = [-math.inf, -math.inf]
         self.dirty: set[int] = set()   # offsets of blocks holding NaN/Inf (zeroed again in pass 2)
+        self.no_range: set[int] = set()  # offsets of identical blocks whose min/max were skipped
 
     def minmax(self, x: np.ndarray, y: np.ndarray) -> None:
         for k, v in enumerate((x, y)):
             self.mn[k] = min(self.mn[k], float(np.minimum.reduce(v)))
             self.mx[k] = max(self.mx[k], float(np.maximum.reduce(v)))
+
+
+def _dot(a: np.ndarray, b: np.ndarray, tmp: np.ndarray) -> float:
+    """Σab in numpy's own loops: BLAS dot would spawn threads for every block (and spin on a
+    busy host); a float64 sum of 32K float32 products is exact to ~1e-12 anyway."""
+    np.multiply(a, b, out=tmp[:a.size])
+    return float(np.add.reduce(tmp[:a.size]))
 
 
 def _zero_nonfinite(v: np.ndarray) -> int:
@@ -214,12 +222,12 @@ def _identical_block(sx_: _Side, raw: np.ndarray, off: int, acc: _Acc, sc: _Scra
         acc.nonfin_y += k
         acc.dirty.add(off)
         s = float(np.add.reduce(x))
-    q = float(np.dot(x, x))
+    q = _dot(x, x, sc.t)
     acc.sx.append(s), acc.sy.append(s)
     acc.sxx.append(q), acc.syy.append(q), acc.sxy.append(q)
     acc.c1 += m
     acc.c5 += m
-    acc.minmax(x, x)
+    acc.no_range.add(off)  # min/max only if some other block differs (KLD needs them then)
 
 
 def _general_block(sx_: _Side, sy_: _Side, xr: np.ndarray, yr: np.ndarray, off: int, acc: _Acc,
@@ -251,10 +259,10 @@ def _general_block(sx_: _Side, sy_: _Side, xr: np.ndarray, yr: np.ndarray, off: 
         acc.nonfin_y += _zero_nonfinite(y)
         s_x, s_y = float(np.add.reduce(x)), float(np.add.reduce(y))
     acc.sx.append(s_x), acc.sy.append(s_y)
-    acc.sxx.append(float(np.dot(x, x))), acc.syy.append(float(np.dot(y, y)))
-    acc.sxy.append(float(np.dot(x, y)))
+    acc.sxx.append(_dot(x, x, sc.t)), acc.syy.append(_dot(y, y, sc.t))
+    acc.sxy.append(_dot(x, y, sc.t))
     np.subtract(x, y, out=d)
-    acc.sdd.append(float(np.dot(d, d)))
+    acc.sdd.append(_dot(d, d, sc.t))
     np.abs(d, out=d)
     acc.sad.append(float(np.add.reduce(d)))
     i = int(np.argmax(d))
@@ -280,6 +288,14 @@ def _general_block(sx_: _Side, sy_: _Side, xr: np.ndarray, yr: np.ndarray, off: 
 def _kld_pass(sx_: _Side, sy_: _Side, x: np.ndarray, y: np.ndarray, n: int, acc: _Acc,
               sc: _Scratch) -> float:
     """Σ p·log(p/q) as T/Sa + log(Sb/Sa), with a, b the clamped min-max values (one pass)."""
+    if acc.no_range:  # the identical blocks' range, skipped in pass 1 while it looked unneeded
+        for off, xr, _ in _pairs(x, y, n):
+            if off in acc.no_range:
+                a = sc.x[:xr.size]
+                _widen(sx_, xr, a, sc)
+                if off in acc.dirty:
+                    _zero_nonfinite(a)
+                acc.minmax(a, a)
     lo, hi = acc.mn, acc.mx
     sa: list[float] = []
     sb: list[float] = []
@@ -301,7 +317,7 @@ def _kld_pass(sx_: _Side, sy_: _Side, x: np.ndarray, y: np.ndarray, n: int, acc:
         r = sc.r[:m]
         np.divide(a, b, out=r)
         np.log(r, out=r)
-        t.append(float(np.dot(a, r)))
+        t.append(_dot(a, r, sc.t))
     s_a, s_b = math.fsum(sa), math.fsum(sb)
     kld = math.fsum(t) / s_a + math.log(s_b / s_a)
     return 0.0 if abs(kld) < EPS else kld
