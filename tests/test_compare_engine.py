@@ -204,3 +204,21 @@ def test_json_is_complete_and_finite(tmp_path):
     assert set(doc["first_diverging_op"]) >= {"step", "rank", "op", "tensor", "metrics"}
     assert all(not isinstance(v, float) or math.isfinite(v) or math.isnan(v)
                for r in doc["rows"] for v in r.get("metrics", {}).values())
+
+
+def test_hostile_tensors_become_rows_not_crashes(tmp_path):
+    for side in ("bench", "target"):
+        (tmp_path / side).mkdir()
+        np.save(tmp_path / side / "rec.npy", np.zeros(3, dtype=[("a", "<f4"), ("b", "<i2")]))
+        np.save(tmp_path / side / "ok.npy", X)
+    np.save(tmp_path / "target" / "cplx.npy", np.ones(4, np.complex64))
+    np.save(tmp_path / "bench" / "cplx.npy", np.full(4, 1j, np.complex64))
+    res = compare_paths(tmp_path / "bench", tmp_path / "target")
+    rows = {r.target.name: r for r in res.rows}
+    assert rows["ok.npy"].ok is True and len(rows) == 3
+    # no metrics for these dtypes: equal bytes are equal; different bytes cannot be judged
+    assert rows["rec.npy"].equal and rows["rec.npy"].ok is True
+    assert rows["cplx.npy"].ok is None and "cannot compare" in rows["cplx.npy"].fail_reason
+    assert not res.diverged and any("cplx" in e["path"] for e in res.errors)
+    rerun = {r.target.name: r for r in compare_paths(tmp_path / "bench", tmp_path / "target", rerun=True).rows}
+    assert rerun["cplx.npy"].ok is False and rerun["rec.npy"].ok is True
