@@ -493,6 +493,20 @@ def test_stalled_ignores_series_without_steps_and_expires(tmp_path):
     assert p.alerts.active() == []  # expired: not judged again until it reports
 
 
+def test_stalled_ignores_dump_series(tmp_path):
+    """Dump scans and comparisons carry steps too, but a dump directory that stops growing is a
+    finished dump window, not a hung job."""
+    p = pipeline(tmp_path, rule("stalled", "{after: 60s}"))
+    f = Feed(p, (("run", "dumps"),))
+    f("dump_divergence", 1.0, 3)
+    f("dump_nonfinite", 2.0, 4)
+    p.tick(f.t + 600)
+    assert p.alerts.active() == []
+    f(LOSS, 2.0, 5)  # the same labels now also carry a training stream: judged
+    p.tick(f.t + 600)
+    assert len(p.alerts.active()) == 1
+
+
 def test_stalled_progress_step_ignores_chatter(tmp_path):
     p = pipeline(tmp_path, rule("stalled", "{after: 60s, progress: step}"))
     f = Feed(p)

@@ -70,8 +70,9 @@ class StalledDetector(Detector[StalledParams]):
 
     def tick(self, now: float, series: SeriesState) -> Hit | Clear | None:
         p = self.params
-        if series.last_step is None:
-            return None
+        if series.last_step is None or not (self.metrics & series.last.keys()
+                                            or series.nonfinite.get(NONFINITE_MESSAGE)):
+            return None  # no steps, or a dump series (scans, comparisons): not a training stream
         t = self._tracks.get(series.labels)
         if p.progress == "step":
             if t.step is None or (series.last_step is not None and series.last_step > t.step):
