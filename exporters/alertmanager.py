@@ -29,6 +29,7 @@ import urllib.error
 import urllib.request
 from collections import OrderedDict
 from datetime import datetime, timezone
+from itertools import islice
 from http.client import HTTPException
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Iterator
@@ -185,7 +186,7 @@ class _Target:
                     self.cond.wait(max(0.0, next_try - time.monotonic()) if self.pending else None)
                 if self.stopping and not (self.pending and self.healthy):
                     return  # a final flush only where the last attempt worked: never hang a shutdown
-                batch = list(self.pending.items())[:MAX_BATCH]
+                batch = list(islice(self.pending.items(), MAX_BATCH))
             ok, retry = self.pusher._post(self.url, [p for _, p in batch])
             self.pusher._stats.add(sent=len(batch) if ok else 0, failed=0 if ok else 1,
                                    dropped=len(batch) if not ok and not retry else 0)
@@ -232,9 +233,10 @@ class AlertmanagerPusher:
             with t.cond:
                 t.stopping = True
                 t.cond.notify()
+        deadline = time.monotonic() + self.config.timeout + 1   # one bound for all URLs together
         for t in self._targets:
             if t.thread.is_alive():
-                t.thread.join(self.config.timeout + 1)
+                t.thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- the worker's side -------------------------------------------------------------------
     def sync(self, alerts: Iterable[Alert], now: float) -> None:
@@ -347,6 +349,10 @@ class AlertmanagerPusher:
         except (OSError, HTTPException, ValueError) as exc:  # refused, timeout, TLS, unreadable secret
             self._report(f"alertmanager {url}: {type(exc).__name__}: {getattr(exc, 'reason', exc)}")
             return False, True
+        except Exception as exc:  # a bug must cost this batch, not the sender thread (and all later pages)
+            log.exception("alertmanager push to %s failed", url)
+            self._report(f"alertmanager {url}: unexpected {type(exc).__name__}: {exc} (batch dropped)")
+            return False, False
 
     def _report(self, message: str) -> None:
         if self.on_error is not None:
