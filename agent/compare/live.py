@@ -1,0 +1,132 @@
+"""What the daemon does with a completed dump directory besides scanning it: compare it with the
+same directory of the benchmark run (or the rerun), and digest the tensors that must be equal on
+every data-parallel rank.
+
+Runs on the dump-scan thread (it reads tensors); the worker thread only turns the outcome into
+samples. The other side is matched by relative path: ``<watch root>/step3/rank0`` pairs with
+``<against>/step3/rank0``. If the other side has not finished that step yet, the step waits and is
+tried again later, never compared half-written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import CompareSpec
+from ..dumps.scan import discover
+from ..dumps.schedule import signature
+from ..model import Sample, SourcePos, json_safe, make_labels
+from ..detectors.dump_divergence import DUMP_DIVERGENCE
+from ..detectors.nondeterminism import DUMP_NONDETERMINISM
+from .digest import step_digests
+from .engine import compare_paths
+from .report import to_json, write_csv
+
+log = logging.getLogger(__name__)
+MAX_CSV_FILES = 500   # per csv directory: the oldest tables go first
+
+
+@dataclass(frozen=True, slots=True)
+class DumpWork:
+    """A dump watch's extra duties, taken from its config."""
+
+    root: Path
+    compare: CompareSpec | None
+    digest: str | None
+    csv_dir: Path
+
+    @property
+    def needed(self) -> bool:
+        return self.compare is not None or self.digest is not None
+
+
+def counterpart(unit: str, work: DumpWork) -> Path | None:
+    """The other run's directory for ``unit`` (None when ``unit`` is not under the watch root)."""
+    if work.compare is None:
+        return None
+    rel = os.path.relpath(unit, work.root)
+    if rel.startswith(".."):
+        return None
+    return work.compare.against if rel == "." else work.compare.against / rel
+
+
+def ready(path: Path, settle: float, now: float | None = None) -> bool:
+    """The other side exists and nothing in it changed for ``settle`` seconds."""
+    sig = signature(str(path))
+    return sig is not None and (now if now is not None else time.time()) - sig[2] / 1e9 >= settle
+
+
+def _csv_name(unit: str, work: DumpWork) -> str:
+    rel = os.path.relpath(unit, work.root)
+    return (re.sub(r"[^A-Za-z0-9_.-]+", "_", rel.replace(os.sep, "__")).strip("._") or "root") + ".csv"
+
+
+def _write_csv(res: Any, unit: str, work: DumpWork) -> str | None:
+    try:
+        work.csv_dir.mkdir(parents=True, exist_ok=True)
+        path = work.csv_dir / _csv_name(unit, work)
+        tmp = path.with_suffix(".csv.tmp")
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            write_csv(res, fh)
+        os.replace(tmp, path)
+        tables = sorted(work.csv_dir.glob("*.csv"), key=lambda p: p.stat().st_mtime)
+        for old in tables[:-MAX_CSV_FILES]:
+            old.unlink(missing_ok=True)
+        return str(path)
+    except OSError as exc:
+        log.warning("could not write the comparison table for %s: %s", unit, exc)
+        return None
+
+
+def compare_unit(unit: str, other: Path, work: DumpWork) -> dict[str, Any]:
+    """Compare ``unit`` (target) with ``other`` (benchmark or rerun); JSON-safe result + CSV path."""
+    spec = work.compare
+    assert spec is not None
+    res = compare_paths(str(other), unit, preset=spec.preset, rerun=spec.mode == "rerun")
+    out = json_safe(to_json(res))
+    out["csv"] = _write_csv(res, unit, work)
+    return out
+
+
+def after_scan(unit: str, work: DumpWork, settle: float) -> dict[str, Any]:
+    """Digest and comparison of a freshly scanned directory (run on the scan thread)."""
+    out: dict[str, Any] = {}
+    if work.digest is not None:
+        tensors, _errors, _layout = discover(Path(unit))
+        out["digests"] = [asdict(d) for d in step_digests(tensors, work.digest)]
+    other = counterpart(unit, work)
+    if other is not None:
+        if ready(other, settle):
+            out["compare"] = compare_unit(unit, other, work)
+        else:
+            out["compare_waiting"] = str(other)
+    return out
+
+
+def compare_sample(result: dict[str, Any], labels: dict[str, str], unit: str) -> Sample | None:
+    """The sample of a comparison that diverged (None otherwise), labelled like the watch (+ rank).
+
+    The op to look at first: the op that lost precision, else the op whose input already
+    differed, else the first differing tensor's op."""
+    rerun = result.get("mode") == "rerun"
+    where = result.get("first_diverging_op") or result.get("corrupted_input") \
+        or result.get("first_differing_tensor") or {}
+    ls = dict(labels)
+    if where.get("rank") is not None:
+        ls["rank"] = str(where["rank"])
+    attrs = (("op", where.get("op", "")), ("tensor", where.get("tensor", "")), ("kind", where.get("kind", "")),
+             ("verdict", result.get("verdict")), ("preset", result.get("preset")),
+             ("pairs", result.get("pairs")), ("differ_bitwise", result.get("differ_bitwise")),
+             ("beyond_tolerance", result.get("beyond_tolerance")), ("unmatched", len(result.get("unmatched") or ())),
+             ("csv", result.get("csv")), ("bench", result.get("bench")))
+    diverged = bool(result.get("diverged")) or (rerun and not result.get("identical") and bool(where))
+    if not diverged:
+        return None
+    return Sample(make_labels(ls), DUMP_NONDETERMINISM if rerun else DUMP_DIVERGENCE, 1.0, where.get("step"),
+                  SourcePos(unit, 0), time.time(), None, attrs)
