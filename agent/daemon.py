@@ -34,9 +34,10 @@ from .readers.tailer import TailEvent, TailPosition
 from .rulefile import RuleSet, default_rules_dir, load_rules
 from .sources.queue import ChangeQueue
 from .sources.watcher import TreeWatcher, walk, watch_for
-from .dumps.schedule import DumpScheduler, ScanResult, labelled
+from .dumpflow import DumpFlow
 from .state import StateError, StateStore
 from .exporters.http import HttpExporter
+from .exporters.dumps import DumpBook, DumpCollector
 from .exporters.metrics import AgentCollector
 
 log = logging.getLogger("precision_agent")
@@ -53,8 +54,10 @@ class Agent:
         self.offsets: dict[str, TailPosition] = {}
         self.rule_dirs = ([default_rules_dir()] if config.default_rules else []) + list(config.rule_dirs)
         self.store = StateStore(config.state_dir)
-        self.dumps = DumpScheduler(config.dump_settle, 64, {})
         self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series)
+        self.dump_book = DumpBook()
+        self.dumpflow = DumpFlow(config, self.health, self.pipeline, self.store, self.dump_book)
+        self.dumps = self.dumpflow.scheduler
         self._rule_mtimes: dict[str, float] = {}
         self._forget: set[str] = set()  # offsets to delete at the next commit
         self._open_lru: OrderedDict[str, None] = OrderedDict()  # streams holding a descriptor
@@ -68,9 +71,11 @@ class Agent:
                                    lambda msg: self.health.error("watch", "%s", msg))
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AgentCollector(self.health, self.pipeline))
+        self.registry.register(DumpCollector(self.dump_book))
         host, port = split_listen(config.listen)
         self.http = HttpExporter(host, port, self.registry, self.alerts_json, self.status_json,
-                                 lambda: bool(self.health.gauges["ready"]))
+                                 lambda: bool(self.health.gauges["ready"]),
+                                 {"/api/v1/compare": self.dump_book.results})
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -161,7 +166,7 @@ class Agent:
                 touched = self._read(dict.fromkeys(paths))
                 self.dumps.due()
                 for result in self.dumps.drain():
-                    self._dump_result(result)
+                    self.dumpflow.handle(result)
                 now = time.time()
                 self._expired.extend(self.pipeline.expire(now, self.config.series_ttl))
                 self.pipeline.tick(now)
@@ -285,28 +290,6 @@ class Agent:
         self.streams[path] = stream
         log.info("following %s", path)
         return stream
-
-    def _dump_result(self, r: ScanResult) -> None:
-        """A scanned dump directory: count it, report unreadable files, feed its samples (first
-        bad op, overflows, saturation, watchpoints) to the rules, and remember its signature so
-        it is not scanned again."""
-        if r.error is not None or r.result is None:
-            self.health.error("scan", "%s: %s", r.unit, r.error)
-            return
-        res = r.result
-        self.health.inc("dump_files_scanned", r.signature[0])
-        for e in res["errors"]:
-            self.health.error("scan", "%s: %s", e["path"], e["reason"])
-        watch = watch_for(self.config.watches, os.path.join(r.unit, "x")) or watch_for(self.config.watches, r.unit)
-        self.pipeline.process(labelled(r.samples, watch.labels if watch is not None else {}))
-        for message in self.pipeline.errors:
-            self.health.error("internal", "%s", message)
-        self.pipeline.errors.clear()
-        try:
-            self.store.record_scanned(r.unit, 0, 0, r.signature[1], r.signature[2] / 1e9,
-                                      ",".join(map(str, r.signature)))
-        except StateError as exc:
-            self.health.error("state", "could not record the scan of %s: %s", r.unit, exc)
 
     def _tail_event(self, path: str, event: TailEvent, message: str) -> None:
         name = event.name

@@ -10,7 +10,8 @@ import logging
 import threading
 import time
 
-ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan", "http", "notify", "internal")
+ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan", "compare", "http", "notify",
+               "internal")
 COUNTERS = ("log_lines_read", "log_bytes_read", "log_records_parsed", "log_lines_truncated",
             "log_rotations", "log_truncations", "dump_files_scanned", "watch_events", "resyncs",
             "queue_overflows", "rule_reloads_success", "rule_reloads_failure")

@@ -1,4 +1,5 @@
-"""The agent's HTTP endpoint: ``/metrics``, ``/api/v1/alerts``, ``/api/v1/status``, health checks.
+"""The agent's HTTP endpoint: ``/metrics``, ``/api/v1/alerts``, ``/api/v1/status``,
+``/api/v1/compare`` (the last dump comparisons, full tables), health checks.
 
 One small threaded WSGI server (stdlib ``wsgiref``) serves everything, bound to 127.0.0.1 unless
 the operator says otherwise. It only reads snapshots; it never blocks the pipeline for long.
@@ -45,8 +46,9 @@ def _json(start_response, body: Any, status: str = "200 OK") -> list[bytes]:
 
 class HttpExporter:
     def __init__(self, host: str, port: int, registry: CollectorRegistry, alerts: StatusFn,
-                 status: StatusFn, ready: Callable[[], bool]) -> None:
+                 status: StatusFn, ready: Callable[[], bool], routes: dict[str, StatusFn] | None = None) -> None:
         metrics_app = make_wsgi_app(registry)
+        routes = dict(routes or {})
 
         def app(environ: dict[str, Any], start_response) -> Iterable[bytes]:
             path = environ.get("PATH_INFO", "/")
@@ -60,6 +62,8 @@ class HttpExporter:
                     return _json(start_response, {"status": "success", "data": json_safe(alerts())})
                 if path == "/api/v1/status":
                     return _json(start_response, {"status": "success", "data": json_safe(status())})
+                if path in routes:
+                    return _json(start_response, {"status": "success", "data": json_safe(routes[path]())})
                 if path == "/-/healthy":
                     return _json(start_response, {"status": "healthy"})
                 if path == "/-/ready":
@@ -69,7 +73,8 @@ class HttpExporter:
                 if path == "/":
                     body = (b"<html><body><h1>precision-agent</h1><ul><li><a href='/metrics'>/metrics</a></li>"
                             b"<li><a href='/api/v1/alerts'>/api/v1/alerts</a></li>"
-                            b"<li><a href='/api/v1/status'>/api/v1/status</a></li></ul></body></html>")
+                            b"<li><a href='/api/v1/status'>/api/v1/status</a></li>"
+                            b"<li><a href='/api/v1/compare'>/api/v1/compare</a></li></ul></body></html>")
                     start_response("200 OK", [("Content-Type", "text/html"), ("Content-Length", str(len(body)))])
                     return [body]
                 return _json(start_response, {"status": "error", "error": "not found"}, "404 Not Found")

@@ -51,6 +51,7 @@ def test_rerun_difference_names_the_first_differing_tensor_and_writes_a_table(tm
     res = out["compare"]
     assert res["mode"] == "rerun" and not res["identical"] and res["differ_bitwise"] == 1
     assert res["first_differing_tensor"]["op"].startswith("02_op2")
+    assert res["first_differing_tensor"]["step"] == 1
     s = compare_sample(res, {"run": "r1"}, str(run / "step1"))
     assert s is not None and s.metric == "dump_nondeterminism" and s.attr("op").startswith("02_op2")
     with open(res["csv"], newline="") as fh:
@@ -85,3 +86,11 @@ def test_drift_against_bench_names_the_fp16_linear(tmp_path: Path) -> None:
     assert Path(res["csv"]).name == "step0__rank0.csv"
     (d,) = out["digests"]
     assert d["step"] == 0 and d["rank"] == 0 and d["tensors"] == 9
+
+
+def test_step_from_the_directory_name(tmp_path: Path) -> None:
+    from precision_agent.compare.live import path_step
+    assert path_step(str(tmp_path / "step12" / "rank0"), tmp_path) == 12
+    assert path_step(str(tmp_path / "iter_7"), tmp_path) == 7
+    assert path_step(str(tmp_path / "rank0"), tmp_path) is None
+    assert path_step(str(tmp_path), tmp_path) is None

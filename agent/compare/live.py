@@ -94,16 +94,34 @@ def compare_unit(unit: str, other: Path, work: DumpWork) -> dict[str, Any]:
     return out
 
 
+_STEP_DIR = re.compile(r"^(?:step|iter|iteration)[_-]?(\d+)$", re.IGNORECASE)
+
+
+def path_step(unit: str, root: Path) -> int | None:
+    """The step a directory names (``…/step12/…``), for layouts whose files do not say it."""
+    for part in reversed(Path(os.path.relpath(unit, root)).parts):
+        m = _STEP_DIR.match(part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
 def after_scan(unit: str, work: DumpWork, settle: float) -> dict[str, Any]:
     """Digest and comparison of a freshly scanned directory (run on the scan thread)."""
     out: dict[str, Any] = {}
     if work.digest is not None:
         tensors, _errors, _layout = discover(Path(unit))
-        out["digests"] = [asdict(d) for d in step_digests(tensors, work.digest)]
+        step = path_step(unit, work.root)
+        out["digests"] = [dict(asdict(d), step=d.step if d.step is not None else step)
+                          for d in step_digests(tensors, work.digest)]
     other = counterpart(unit, work)
     if other is not None:
         if ready(other, settle):
-            out["compare"] = compare_unit(unit, other, work)
+            res = out["compare"] = compare_unit(unit, other, work)
+            for key in ("first_diverging_op", "corrupted_input", "first_differing_tensor"):
+                where = res.get(key)
+                if where and where.get("step") is None:
+                    where["step"] = path_step(unit, work.root)
         else:
             out["compare_waiting"] = str(other)
     return out

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW, Labels, Sample, SourcePos, make_labels
 from .scan import scan_dump
@@ -61,12 +61,13 @@ def signature(unit: str) -> tuple[int, int, int] | None:
 @dataclass
 class ScanResult:
     unit: str
-    signature: tuple[int, int, int]
+    signature: tuple[int, int, int] | None   # None: no scan, only the after-scan duties ran
     result: dict[str, Any] | None
     error: str | None = None
     # result_samples(result, {}), made on the scan thread: the watchpoint samples read tensor
     # data (weight sketches), which must not hold up the daemon's main worker
     samples: list[Sample] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)   # what after_scan returned (comparison, digests)
 
 
 def labelled(samples: list[Sample], labels: dict[str, str]) -> list[Sample]:
@@ -155,13 +156,26 @@ def result_samples(result: dict[str, Any], labels: dict[str, str], source: str |
     return out
 
 
+AfterScan = Callable[[str], dict[str, Any]]
+RETRY_MAX, RETRY_GIVE_UP = 600.0, 86400.0  # waiting for a comparison's other side (from max(settle, 1s))
+MAX_WAITING = 10_000
+
+
 class DumpScheduler:
-    def __init__(self, settle: float, queue_size: int, scanned: dict[str, tuple[int, int, int]]) -> None:
+    """Scans settled dump directories on one thread; ``after_scan(unit)`` (comparison, digest)
+    runs there too, right after the scan, and again later for a unit that asked to wait
+    (``retry_later``: its benchmark side was not complete yet)."""
+
+    def __init__(self, settle: float, queue_size: int, scanned: dict[str, tuple[int, int, int]],
+                 after_scan: AfterScan | None = None) -> None:
         self.settle = settle
         self.scanned = scanned                       # unit -> signature already scanned
+        self.after_scan = after_scan
         self.pending: dict[str, float] = {}          # unit -> monotonic time of its last change
+        self.waiting: dict[str, tuple[float, float, float]] = {}  # unit -> (next try, delay, first try)
+        self.gave_up = 0
         self.queued: set[str] = set()
-        self.queue: queue.Queue[tuple[str, tuple[int, int, int]] | None] = queue.Queue(maxsize=queue_size)
+        self.queue: queue.Queue[tuple[str, tuple[int, int, int] | None] | None] = queue.Queue(maxsize=queue_size)
         self.inbox: deque[ScanResult] = deque()
         self._thread = threading.Thread(target=self._run, name="dump-scan", daemon=True)
 
@@ -196,13 +210,36 @@ class DumpScheduler:
                 return  # stays pending: the scan thread is busy, try again later
             del self.pending[unit]
             self.queued.add(unit)
+        for unit, (when, _delay, _first) in list(self.waiting.items()):
+            if now < when or unit in self.queued:
+                continue
+            try:
+                self.queue.put_nowait((unit, None))  # no new scan: only the after-scan duties
+            except queue.Full:
+                return
+            self.queued.add(unit)
+
+    def retry_later(self, unit: str, now: float | None = None) -> bool:
+        """Run ``after_scan(unit)`` again later, backing off; False once it waited a day."""
+        now = time.monotonic() if now is None else now
+        _when, delay, first = self.waiting.get(unit, (0.0, max(self.settle, 1.0) / 2, now))
+        if now - first > RETRY_GIVE_UP or (unit not in self.waiting and len(self.waiting) >= MAX_WAITING):
+            self.waiting.pop(unit, None)
+            self.gave_up += 1
+            return False
+        delay = min(delay * 2, RETRY_MAX)
+        self.waiting[unit] = (now + delay, delay, first)
+        return True
+
+    def done_waiting(self, unit: str) -> None:
+        self.waiting.pop(unit, None)
 
     def drain(self) -> list[ScanResult]:
         out = []
         while self.inbox:
             r = self.inbox.popleft()
             self.queued.discard(r.unit)
-            if r.error is None:
+            if r.error is None and r.signature is not None:
                 self.scanned[r.unit] = r.signature
             out.append(r)
         return out
@@ -213,9 +250,23 @@ class DumpScheduler:
             if item is None:
                 return
             unit, sig = item
+            if sig is None:
+                self.inbox.append(ScanResult(unit, None, None, extra=self._after(unit)))
+                continue
             try:
                 result = scan_dump(Path(unit))
-                self.inbox.append(ScanResult(unit, sig, result, samples=result_samples(result, {}, unit)))
+                r = ScanResult(unit, sig, result, samples=result_samples(result, {}, unit))
             except Exception as exc:  # a reader bug must not kill the scan thread
                 log.exception("scanning %s failed", unit)
-                self.inbox.append(ScanResult(unit, sig, None, repr(exc)))
+                r = ScanResult(unit, sig, None, repr(exc))
+            r.extra = self._after(unit)
+            self.inbox.append(r)
+
+    def _after(self, unit: str) -> dict[str, Any]:
+        if self.after_scan is None:
+            return {}
+        try:
+            return self.after_scan(unit)
+        except Exception as exc:  # a comparison bug must not kill the scan thread either
+            log.exception("comparing/digesting %s failed", unit)
+            return {"error": f"{type(exc).__name__}: {exc}"[:500]}

@@ -1,0 +1,97 @@
+"""The daemon's dump side, between the scan thread and the pipeline.
+
+On the scan thread (``after_scan``): the duties a dump watch's config asks for beyond the scan,
+i.e. the comparison with a benchmark run or rerun, and the cross-rank digest. On the worker
+(``handle``): count the scan, report unreadable files, feed every sample (first bad op, overflows,
+saturation, watchpoints, divergence) to the rules, export digests and comparison outcomes, and
+remember the directory's signature so that a restart does not scan it again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .compare.live import DumpWork, after_scan, compare_sample
+from .config import Config, Watch
+from .dumps.schedule import DumpScheduler, ScanResult, labelled
+from .exporters.dumps import DumpBook
+from .health import Health
+from .model import make_labels
+from .pipeline import Pipeline
+from .sources.watcher import watch_for
+from .state import StateError, StateStore
+
+
+class DumpFlow:
+    def __init__(self, config: Config, health: Health, pipeline: Pipeline, store: StateStore,
+                 book: DumpBook) -> None:
+        self.config, self.health, self.pipeline, self.store, self.book = config, health, pipeline, store, book
+        self.scheduler = DumpScheduler(config.dump_settle, 64, {}, self.after_scan)
+
+    def _watch(self, unit: str) -> Watch | None:
+        return watch_for(self.config.watches, os.path.join(unit, "x")) or watch_for(self.config.watches, unit)
+
+    def work(self, watch: Watch) -> DumpWork:
+        spec = watch.compare
+        csv_dir = (spec.csv_dir if spec is not None and spec.csv_dir is not None
+                   else self.config.state_dir / "compare")
+        return DumpWork(Path(watch.path), spec, watch.digest, Path(csv_dir))
+
+    def after_scan(self, unit: str) -> dict:
+        """Scan thread: comparison and digest, when the unit's watch asks for them."""
+        watch = self._watch(unit)
+        if watch is None:
+            return {}
+        work = self.work(watch)
+        return after_scan(unit, work, self.config.dump_settle) if work.needed else {}
+
+    def handle(self, r: ScanResult) -> None:
+        """Worker thread: one scanned (or re-compared) dump directory."""
+        watch = self._watch(r.unit)
+        labels = dict(watch.labels) if watch is not None else {}
+        if r.signature is not None:
+            self._scanned(r, labels)
+        self._extra(r, labels)
+        for message in self.pipeline.errors:
+            self.health.error("internal", "%s", message)
+        self.pipeline.errors.clear()
+
+    def _scanned(self, r: ScanResult, labels: dict[str, str]) -> None:
+        if r.error is not None or r.result is None:
+            self.health.error("scan", "%s: %s", r.unit, r.error)
+            return
+        assert r.signature is not None
+        self.health.inc("dump_files_scanned", r.signature[0])
+        for e in r.result["errors"]:
+            self.health.error("scan", "%s: %s", e["path"], e["reason"])
+        self.pipeline.process(labelled(r.samples, labels))
+        try:
+            self.store.record_scanned(r.unit, 0, 0, r.signature[1], r.signature[2] / 1e9,
+                                      ",".join(map(str, r.signature)))
+        except StateError as exc:
+            self.health.error("state", "could not record the scan of %s: %s", r.unit, exc)
+
+    def _extra(self, r: ScanResult, labels: dict[str, str]) -> None:
+        x = r.extra
+        if "error" in x:
+            self.health.error("compare", "%s: %s", r.unit, x["error"])
+        for d in x.get("digests", ()):
+            ls = make_labels(labels, rank=str(d["rank"])) if d["rank"] is not None else make_labels(labels)
+            self.book.set_digest(ls, d["step"], d["value"], d["tensors"])
+        if "compare_waiting" in x:
+            if not self.scheduler.retry_later(r.unit):
+                self.health.error("compare", "%s: gave up waiting for %s", r.unit, x["compare_waiting"])
+            return
+        self.scheduler.done_waiting(r.unit)
+        res = x.get("compare")
+        if res is None:
+            return
+        for e in res.get("errors") or ():
+            self.health.error("compare", "%s (%s): %s", e.get("path"), e.get("side"), e.get("reason"))
+        sample = compare_sample(res, labels, r.unit)
+        self.book.record_compare(make_labels(labels, mode=res.get("mode", "")), r.unit, res, sample is not None,
+                                 time.time())
+        if sample is not None:
+            self.pipeline.process([sample])
