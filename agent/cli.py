@@ -213,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="progress bar on stderr (default: when stderr is a terminal)")
     sc.set_defaults(func=cmd_scan)
 
+    from .compare.cli import add_parser as add_compare
+    add_compare(sub)
+
     ru = sub.add_parser("rules", help="rule-file tools")
     rsub = ru.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     rc = rsub.add_parser("check", help="validate rule files")
