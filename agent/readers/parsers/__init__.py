@@ -7,6 +7,9 @@ the lower priority number wins (specific producers before generic fallbacks).
 
 from __future__ import annotations
 
+from itertools import filterfalse
+from operator import attrgetter
+
 from ...registry import discover
 from .base import Block, Parser, Record
 
@@ -17,6 +20,7 @@ FORMATS: tuple[str, ...] = tuple(p.name for p in PARSERS)
 
 
 FALLBACK_PRIORITY = 90  # parsers at or above this priority are generic fallbacks
+_BY_POS = attrgetter("pos")
 
 
 class UnknownFormat(ValueError):
@@ -67,11 +71,11 @@ class CompositeParser:
         keyword pre-filter then skips blocks it has nothing left to read in, and generic
         fallbacks never rescan what a specific producer already read."""
         merged: list[Record] = []
-        current = probe = block
+        current = block
+        probe = block.text
         lines: list[str] | None = None
-        unclaimed: set[int] | None = None
         for parser in self.parsers:
-            if not parser.wants(probe.text):  # keywords are looked for in unclaimed lines only
+            if not parser.wants(probe):  # keywords are looked for in unclaimed lines only
                 continue
             try:
                 records = parser.parse(current)
@@ -84,15 +88,15 @@ class CompositeParser:
             merged.extend(records)
             if lines is None:
                 lines = block.text.split("\n")
-                unclaimed = set(range(len(lines)))
+            first = block.first_line
             for ln in {r.line for r in records}:
-                i = ln - block.first_line
+                i = ln - first
                 lines[i] = " " * len(lines[i])
-                unclaimed.discard(i)
             current = block.with_text("\n".join(lines))
-            probe = Block("\n".join(lines[i] for i in sorted(unclaimed)))
-        if len(merged) > 1:
-            merged.sort(key=lambda r: (r.line, r.pos))
+            # whitespace-only lines hold no keyword, and no keyword spans a newline
+            probe = "\n".join(filterfalse(str.isspace, lines))
+        if len(merged) > 1:  # timsort: one C-level pass when already in order
+            merged.sort(key=_BY_POS)  # positions share one layout: text order is line order
         return merged
 
 

@@ -40,23 +40,52 @@ def strip_ansi(text: str) -> str:
 
 _TS_RE = re.compile(r"(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,6}))?")
 _RANK_PREFIX_RE = re.compile(r"\s*(?:> )?\s*\[(?:rank|default)\s*(\d+)\]:")
+_TS_SEARCH, _RANK_MATCH = _TS_RE.search, _RANK_PREFIX_RE.match
+
+
+_TS_CACHE: dict[str, float] = {}  # "YYYY-MM-DD HH:MM" -> seconds; stamps share their minute
+_TS_CACHE_MAX = 4096
+
+
+def _stamp_seconds(m: re.Match[str]) -> float | None:
+    """Seconds (as if UTC) of a ``_TS_RE`` match; the minute is converted once per minute.
+    (Every field has a fixed width, so the seconds and fraction are found by position.)"""
+    s = m.group(0)
+    base = _TS_CACHE.get(s[:16])
+    if base is None:
+        y, mo, d, hh, mm = m.group(1, 2, 3, 4, 5)
+        try:
+            base = float(calendar.timegm((int(y), int(mo), int(d), 0, 0, 0)) + int(hh) * 3600 + int(mm) * 60)
+        except (ValueError, OverflowError):
+            return None
+        if len(_TS_CACHE) >= _TS_CACHE_MAX:
+            _TS_CACHE.clear()
+        _TS_CACHE[s[:16]] = base
+    if len(s) == 19:
+        return base + int(s[17:])
+    return base + int(s[17:19]) + int(s[20:]) / 10 ** (len(s) - 20)
 
 
 class Block:
-    """A block of text being parsed, with cheap line-number and line-prefix lookups."""
+    """A block of text being parsed, with cheap line-number and line-prefix lookups.
 
-    __slots__ = ("text", "first_line", "_nl", "_date_cache")
+    Parsers mostly ask about positions in increasing order, so the line number of the last
+    position asked about is kept and the next one counts newlines from there (C speed, no
+    per-line Python work); only a step backwards builds the full newline index."""
+
+    __slots__ = ("text", "first_line", "_nl", "_cur_pos", "_cur_line")
 
     def __init__(self, text: str, first_line: int = 1) -> None:
         self.text = text
         self.first_line = first_line
         self._nl: list[int] | None = None
-        self._date_cache: dict[tuple[str, str, str], int] = {}
+        self._cur_pos = 0
+        self._cur_line = first_line
 
     def with_text(self, text: str) -> "Block":
         """A block with the same line layout (same newline positions) but other content."""
         other = Block(text, self.first_line)
-        other._nl = self._newlines()
+        other._nl = self._nl
         return other
 
     def _newlines(self) -> list[int]:
@@ -70,36 +99,47 @@ class Block:
 
     def line_of(self, pos: int) -> int:
         """1-based line number (in the file) of character position ``pos``."""
-        return self.first_line + bisect.bisect_left(self._newlines(), pos)
+        cur = self._cur_pos
+        if pos >= cur:
+            line = self._cur_line + self.text.count("\n", cur, pos)
+        else:
+            line = self.first_line + bisect.bisect_left(self._newlines(), pos)
+        self._cur_pos, self._cur_line = pos, line
+        return line
 
     def line_start(self, pos: int) -> int:
-        nl = self._newlines()
-        i = bisect.bisect_left(nl, pos)
-        return nl[i - 1] + 1 if i else 0
+        return self.text.rfind("\n", 0, pos) + 1
 
-    def rank_at(self, pos: int) -> str | None:
+    def rank_at(self, pos: int, start: int | None = None) -> str | None:
         """Rank from a stream prefix such as torchrun's ``[rank3]:`` at the start of the line."""
-        start = self.line_start(pos)
+        if start is None:
+            start = self.line_start(pos)
         m = _RANK_PREFIX_RE.match(self.text, start, min(pos + 1, start + 40))
         return m.group(1) if m else None
 
-    def log_time_at(self, pos: int) -> float | None:
+    def log_time_at(self, pos: int, start: int | None = None) -> float | None:
         """Seconds (as if UTC) of a ``YYYY-MM-DD HH:MM:SS[,mmm]`` stamp before ``pos`` on its line."""
-        start = self.line_start(pos)
+        if start is None:
+            start = self.line_start(pos)
         m = _TS_RE.search(self.text, start, min(pos, start + 120) if pos > start else start + 120)
-        if not m:
-            return None
-        y, mo, d, hh, mm, ss, frac = m.groups()
-        key = (y, mo, d)
-        day = self._date_cache.get(key)
-        if day is None:
-            try:
-                day = calendar.timegm((int(y), int(mo), int(d), 0, 0, 0))
-            except (ValueError, OverflowError):
-                return None
-            self._date_cache[key] = day
-        t = day + int(hh) * 3600 + int(mm) * 60 + int(ss)
-        return t + (int(frac) / 10 ** len(frac) if frac else 0.0)
+        return _stamp_seconds(m) if m else None
+
+    def record(self, pos: int, step: int | None, producer: str,
+               values: list[tuple[str, float, tuple[tuple[str, Any], ...]]] | None = None) -> Record:
+        """A record for a match at ``pos`` with its line number, stamp and rank: ``line_of``,
+        ``log_time_at`` and ``rank_at`` in one call, as it runs once per record."""
+        text = self.text
+        start = text.rfind("\n", 0, pos) + 1
+        cur = self._cur_pos
+        if pos >= cur:
+            line = self._cur_line + text.count("\n", cur, pos)
+        else:
+            line = self.first_line + bisect.bisect_left(self._newlines(), pos)
+        self._cur_pos, self._cur_line = pos, line
+        m = _TS_SEARCH(text, start, pos if start < pos < start + 120 else start + 120)
+        r = _RANK_MATCH(text, start, pos + 1 if pos < start + 40 else start + 40)
+        return Record(line, pos, [] if values is None else values, step,
+                      _stamp_seconds(m) if m else None, r.group(1) if r else None, producer)
 
 
 @dataclass(slots=True)
@@ -135,8 +175,7 @@ class Parser(abc.ABC):
 
     def record(self, block: Block, pos: int, step: int | None = None) -> Record:
         """A record for a match starting at ``pos``: line, timestamp and rank looked up once."""
-        return Record(line=block.line_of(pos), pos=pos, step=step, log_time=block.log_time_at(pos),
-                      rank=block.rank_at(pos), producer=self.name)
+        return block.record(pos, step, self.name)
 
     def wants(self, text: str) -> bool:
         return any(k in text for k in self.keywords)
