@@ -1,0 +1,380 @@
+"""``precision-agent rules test``: unit tests for rule files, in the spirit of ``promtool test rules``.
+
+A test file names rule files, feeds log lines (through the real parsers, one appended line at a
+time as the daemon tails them) and/or typed samples into the one :class:`~.pipeline.Pipeline`
+under a simulated clock, evaluates every ``evaluation_interval`` as the daemon's worker does
+(``expire`` then ``tick``), and compares the *firing* alerts of a rule at given times with the
+expected ones. There is no second rule evaluator here: only inputs, a clock and a comparison.
+
+Exit status: 0 all tests pass, 1 a test failed, 2 a test file (or a rule file it names) is bad.
+Format and semantics: docs/rules-testing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import re
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .config import Config, ConfigError, Duration, LabelValue, check_labels, load_yaml_mapping
+from .detectors import KINDS
+from .model import SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, TRAINING_METRICS, AlertState, Sample, SourcePos, make_labels
+from .pipeline import Pipeline
+from .readers.logstream import LogStream
+from .readers.parsers import CompositeParser, UnknownFormat
+from .rulefile import RuleSet, default_rules_dir, load_rule_file, rule_files
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_FILE = 0, 1, 2
+T0 = 1_700_000_000.0      # the simulated clock's zero: an ordinary epoch time, never "unset" (0)
+MAX_EVALUATIONS = 200_000  # per test: bounds the run time of a test with a far eval_time
+SERIES_TTL = float(Config.model_fields["series_ttl"].default)
+METRICS = frozenset().union(*(k.metrics for k in KINDS.values()), TRAINING_METRICS,
+                            {SKIPPED_INTERVAL, SKIPPED_CUMULATIVE})
+
+
+LabelMap = dict[str, LabelValue]  # YAML numbers and booleans (`rank: 0`) taken as written
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InputSample(_Strict):
+    """One typed sample, as a parser would have produced it (like promtool's input_series)."""
+    metric: str
+    value: float
+    step: int | None = None
+    at: Duration | None = None               # default: its index × the test's interval
+    labels: LabelMap = Field(default_factory=dict)  # added to the test's labels (e.g. rank)
+    attrs: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in METRICS:
+            raise ValueError(f"unknown metric {v!r}; known: {', '.join(sorted(METRICS))}")
+        return v
+
+
+class ExpectedAlert(_Strict):
+    exp_labels: LabelMap = Field(default_factory=dict)
+    exp_annotations: dict[str, str] | None = None  # only the keys given are compared
+
+
+class AlertRuleTest(_Strict):
+    eval_time: Duration
+    alertname: str
+    exp_alerts: list[ExpectedAlert] = Field(default_factory=list)
+
+
+class RuleTest(_Strict):
+    name: str
+    labels: LabelMap = Field(default_factory=dict)    # the watch's labels
+    format: str = "auto"
+    pattern: str | None = None
+    log: str | None = None
+    log_name: str = "train.log"                     # what {{ $file }} renders for log lines
+    input_samples: list[InputSample] = Field(default_factory=list)
+    interval: Duration | None = None                # default: evaluation_interval
+    alert_rule_test: list[AlertRuleTest] = Field(min_length=1)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels(v)
+
+    @model_validator(mode="after")
+    def _inputs(self) -> "RuleTest":
+        if self.log is None and not self.input_samples:
+            raise ValueError("a test needs `log` or `input_samples`")
+        try:
+            CompositeParser("custom" if self.pattern and self.format == "auto" else self.format, self.pattern)
+        except UnknownFormat as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+class RuleTestFile(_Strict):
+    rule_files: list[str] | None = None   # relative to the test file, globs allowed; None: shipped
+    evaluation_interval: Duration = Field(1.0, gt=0)
+    tests: list[RuleTest] = Field(min_length=1)
+
+
+@dataclass
+class Outcome:
+    name: str
+    problems: list[str] = field(default_factory=list)  # empty: passed
+
+
+# -- loading -------------------------------------------------------------------------------------
+def _where(data: Any, loc: tuple[Any, ...]) -> str:
+    """pydantic's location, with the test's name: 'test "x" field alert_rule_test.0.eval_time'."""
+    parts = [str(p) for p in loc]
+    if len(loc) >= 2 and loc[0] == "tests" and isinstance(loc[1], int):
+        try:
+            name = data["tests"][loc[1]]["name"]
+            return f'test "{name}" (tests.{loc[1]}) field ' + (".".join(parts[2:]) or "(test)")
+        except (KeyError, IndexError, TypeError):
+            pass
+    return "field " + (".".join(parts) or "(top level)")
+
+
+def load_test_file(path: Path) -> RuleTestFile:
+    data = load_yaml_mapping(path)
+    try:
+        return RuleTestFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(str(path), _where(data, first["loc"]), first["msg"].removeprefix("Value error, ")) from exc
+
+
+def load_rules_for(path: Path, tf: RuleTestFile) -> RuleSet:
+    """The rule files a test file names; any bad or missing one is a ConfigError (exit 2)."""
+    if tf.rule_files is None:
+        files = rule_files([default_rules_dir()])
+    else:
+        files = []
+        for i, entry in enumerate(tf.rule_files):
+            pattern = str(path.parent / entry)
+            found = sorted(glob.glob(pattern)) if glob.has_magic(entry) else [pattern]
+            if not found or not all(Path(f).exists() for f in found):
+                raise ConfigError(str(path), f"field rule_files.{i}", f"{entry!r} matches no file")
+            files += rule_files([Path(f) for f in found])
+    rs = RuleSet()
+    for f in files:
+        try:
+            rs.by_file[str(f)] = load_rule_file(f)
+        except ConfigError as exc:
+            raise ConfigError(str(path), "rule file", str(exc)) from exc
+    rs.reindex()
+    for t_i, t in enumerate(tf.tests):
+        for a_i, a in enumerate(t.alert_rule_test):
+            if not rs.rule(a.alertname):
+                raise ConfigError(str(path), f'test "{t.name}" (tests.{t_i}) field alert_rule_test.{a_i}.alertname',
+                                  f"no rule named {a.alertname!r} in the rule files")
+        evaluations = max(a.eval_time for a in t.alert_rule_test) / tf.evaluation_interval
+        if evaluations > MAX_EVALUATIONS:
+            raise ConfigError(str(path), f'test "{t.name}" (tests.{t_i}) field alert_rule_test',
+                              f"{evaluations:.0f} evaluations up to the last eval_time (at most {MAX_EVALUATIONS}):"
+                              " raise evaluation_interval")
+    return rs
+
+
+# -- running -------------------------------------------------------------------------------------
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+class _Run:
+    """One test: the pipeline, the simulated clock and the evaluations due so far."""
+
+    def __init__(self, rules: RuleSet, eval_ms: int) -> None:
+        self.pipeline = Pipeline(rules.fresh(), max_series=4096)
+        self.eval_ms = eval_ms
+        self.next_eval = 0
+        self.errors: list[str] = []
+
+    def evaluate_until(self, ms: int, inclusive: bool) -> None:
+        """Every evaluation up to ``ms``; at the same instant, input is read before evaluating."""
+        while self.next_eval < ms or (inclusive and self.next_eval == ms):
+            now = T0 + self.next_eval / 1000
+            self.pipeline.expire(now, SERIES_TTL)
+            self.pipeline.tick(now)
+            self.next_eval += self.eval_ms
+            self._drain()
+
+    def feed(self, samples: list[Sample]) -> None:
+        self.pipeline.process(samples)
+        self._drain()
+
+    def _drain(self) -> None:
+        self.errors += self.pipeline.errors
+        self.pipeline.errors.clear()
+
+    def alerts(self, name: str, state: AlertState) -> list[tuple[dict[str, str], dict[str, str]]]:
+        found = [(dict(a.labels), dict(a.annotations)) for a in self.pipeline.alerts.alerts.values()
+                 if a.rule == name and a.state == state]
+        return sorted(found, key=lambda la: sorted(la[0].items()))
+
+
+def _log_inputs(t: RuleTest, step_ms: int, workdir: Path) -> tuple[list[tuple[int, int, Any]], LogStream | None]:
+    if t.log is None:
+        return [], None
+    fmt = "custom" if t.pattern and t.format == "auto" else t.format
+    target = workdir / "input.log"
+    target.touch()
+    stream = LogStream(str(target), t.labels, fmt, None, pattern=t.pattern)
+    return [(i * step_ms, 0, line) for i, line in enumerate(t.log.splitlines())], stream
+
+
+def _sample_inputs(t: RuleTest, step_ms: int) -> list[tuple[int, int, Any]]:
+    out = []
+    for i, s in enumerate(t.input_samples):
+        at = _ms(s.at) if s.at is not None else i * step_ms
+        sample = Sample(make_labels(t.labels | s.labels), s.metric, s.value, s.step, SourcePos("input_samples", i + 1),
+                        T0 + at / 1000, None, tuple(s.attrs.items()))
+        out.append((at, 1, sample))
+    return out
+
+
+def run_test(t: RuleTest, rules: RuleSet, evaluation_interval: float) -> Outcome:
+    """Feed the test's inputs in time order, evaluating on the way, and check each eval_time."""
+    step_ms = _ms(t.interval if t.interval is not None else evaluation_interval)
+    run = _Run(rules, max(1, _ms(evaluation_interval)))
+    outcome = Outcome(t.name)
+    with tempfile.TemporaryDirectory(prefix="precision-agent-ruletest-") as tmp:
+        lines, stream = _log_inputs(t, step_ms, Path(tmp))
+        events = sorted(lines + _sample_inputs(t, step_ms), key=lambda e: (e[0], e[1]))
+        checks = sorted(t.alert_rule_test, key=lambda a: a.eval_time)
+        try:
+            with open(Path(tmp) / "input.log", "a", encoding="utf-8") as log:
+                i = 0
+                for check in checks:
+                    at = _ms(check.eval_time)
+                    while i < len(events) and events[i][0] <= at:
+                        ms = events[i][0]
+                        run.evaluate_until(ms, inclusive=False)
+                        batch: list[Sample] = []
+                        while i < len(events) and events[i][0] == ms:
+                            if isinstance(events[i][2], Sample):
+                                batch.append(events[i][2])
+                            else:
+                                log.write(events[i][2] + "\n")
+                            i += 1
+                        if stream is not None:
+                            log.flush()
+                            batch = _renamed(stream.poll(now=T0 + ms / 1000), t.log_name) + batch
+                            run.errors += stream.parser.errors
+                            stream.parser.errors.clear()
+                        run.feed(batch)
+                    run.evaluate_until(at, inclusive=True)
+                    outcome.problems += _compare(check, run)
+        finally:
+            if stream is not None:
+                stream.close()
+    outcome.problems += [f"error while running: {e}" for e in run.errors]
+    return outcome
+
+
+def _renamed(samples: list[Sample], name: str) -> list[Sample]:
+    """Log samples as coming from ``log_name``, so {{ $file }} does not render a temporary path."""
+    for s in samples:
+        s.source = SourcePos(name, s.source.line, s.source.offset)
+    return samples
+
+
+def _fits(exp: ExpectedAlert, name: str, labels: dict[str, str], annotations: dict[str, str]) -> bool:
+    want = dict(exp.exp_labels)
+    if want.pop("alertname", name) != name or want != labels:
+        return False
+    return all(annotations.get(k) == v for k, v in (exp.exp_annotations or {}).items())
+
+
+def _compare(check: AlertRuleTest, run: _Run) -> list[str]:
+    name = check.alertname
+    got = run.alerts(name, AlertState.FIRING)
+    left = list(got)
+    missing = []
+    for exp in check.exp_alerts:
+        hit = next((g for g in left if _fits(exp, name, *g)), None)
+        if hit is None:
+            missing.append(exp)
+        else:
+            left.remove(hit)
+    if not missing and not left:
+        return []
+    keys = {k for e in check.exp_alerts for k in (e.exp_annotations or {})}  # shown: what is compared
+    got = [(la, {k: v for k, v in an.items() if k in keys}) for la, an in got]
+    left = [(la, {k: v for k, v in an.items() if k in keys}) for la, an in left]
+    lines = [f"alertname: {name}, time: {_dur(check.eval_time)},",
+             "    exp: " + _listing([(dict(e.exp_labels), e.exp_annotations) for e in check.exp_alerts]),
+             "    got: " + _listing(got)]
+    lines += ["    - missing:    " + _show(dict(e.exp_labels), e.exp_annotations) for e in missing]
+    lines += ["    + unexpected: " + _show(*g) for g in left]
+    pending = run.alerts(name, AlertState.PENDING)
+    if pending:
+        lines.append("    (pending, not compared: " + ", ".join(_braces(p[0]) for p in pending) + ")")
+    return ["\n".join(lines)]
+
+
+def _braces(d: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(d.items())) + "}"
+
+
+def _show(labels: dict[str, str], annotations: dict[str, str] | None) -> str:
+    return _braces(labels) + (f" annotations {_braces(annotations)}" if annotations else "")
+
+
+def _listing(items: list[tuple[dict[str, str], dict[str, str] | None]]) -> str:
+    if not items:
+        return "[]"
+    return "[\n" + "".join(f"        {i}: {_show(*it)}\n" for i, it in enumerate(items)) + "    ]"
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds:g}s" if math.isfinite(seconds) else str(seconds)
+
+
+# -- command line --------------------------------------------------------------------------------
+def run_file(path: Path, run_filter: re.Pattern[str] | None = None, out: Any = None) -> int:
+    """Run one test file and print its report; returns its exit status."""
+    out = out or sys.stdout
+    print(f"Unit Testing: {path}", file=out)
+    try:
+        tf = load_test_file(path)
+        rules = load_rules_for(path, tf)
+    except ConfigError as exc:
+        print(f"  FAILED: {exc}", file=out)
+        return EXIT_BAD_FILE
+    outcomes = [run_test(t, rules, tf.evaluation_interval) for t in tf.tests
+                if run_filter is None or run_filter.search(t.name)]
+    failed = [o for o in outcomes if o.problems]
+    if not failed:
+        print(f"  SUCCESS ({len(outcomes)} test(s))", file=out)
+        return EXIT_OK
+    print("  FAILED:", file=out)
+    for o in failed:
+        for p in o.problems:
+            print(f'    {path}: test "{o.name}": ' + p.replace("\n", "\n    "), file=out)
+    return EXIT_FAILED
+
+
+def add_parser(rules_subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``rules test`` on the ``rules`` command's subparsers."""
+    p = rules_subparsers.add_parser("test", help="unit-test rule files (like promtool test rules)")
+    p.add_argument("files", nargs="+", help="test files (YAML; see docs/rules-testing.md)")
+    p.add_argument("--run", metavar="REGEX", help="only the tests whose name matches this regex")
+    p.set_defaults(func=run, rules=None)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every test file; the worst status wins (2 bad file > 1 failed test > 0)."""
+    try:
+        run_filter = re.compile(args.run) if getattr(args, "run", None) else None
+    except re.error as exc:
+        print(f"--run: invalid regex: {exc}", file=sys.stderr)
+        return EXIT_BAD_FILE
+    status = EXIT_OK
+    for f in args.files:
+        status = max(status, run_file(Path(f), run_filter))
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m precision_agent.ruletest test FILE...``: the same as ``precision-agent rules test``."""
+    rules_parser = argparse.ArgumentParser(prog="precision-agent rules")
+    add_parser(rules_parser.add_subparsers(dest="rules_command", required=True))
+    return run(rules_parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
