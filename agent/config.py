@@ -14,6 +14,8 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
+from .exporters.alertmanager import AlertmanagerConfig
+
 DEFAULT_PORT = 19400  # outside Prometheus' 9100-9999 default-allocation range; see README
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -189,6 +191,7 @@ class Config(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     watches: list[Watch] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
+    alertmanager: AlertmanagerConfig | None = None  # push alerts to Alertmanager (docs/alertmanager.md)
 
     @field_validator("rule_dirs")
     @classmethod

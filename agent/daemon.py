@@ -12,13 +12,14 @@ import logging
 import os
 from collections import OrderedDict
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from . import __version__
 from .alerts import Transition
@@ -37,6 +38,7 @@ from .sources.watcher import TreeWatcher, walk, watch_for
 from .dumpflow import DumpFlow
 from .state import StateError, StateStore
 from .exporters.http import HttpExporter
+from .exporters.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from .exporters.dumps import DumpBook, DumpCollector
 from .exporters.metrics import AgentCollector
 
@@ -72,10 +74,17 @@ class Agent:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(AgentCollector(self.health, self.pipeline))
         self.registry.register(DumpCollector(self.dump_book))
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
         host, port = split_listen(config.listen)
         self.http = HttpExporter(host, port, self.registry, self.alerts_json, self.status_json,
                                  lambda: bool(self.health.gauges["ready"]),
                                  {"/api/v1/compare": self.dump_book.results})
+        self.alertmanager: AlertmanagerPusher | None = None
+        if config.alertmanager is not None:
+            self.alertmanager = AlertmanagerPusher(
+                config.alertmanager, instance=socket.gethostname(), generator_url=self.http.url,
+                on_error=lambda msg: self.health.error("notify", "%s", msg))
+            self.registry.register(AlertmanagerCollector(self.alertmanager))
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -95,6 +104,8 @@ class Agent:
         if ping:
             self.scheduler.add_job(self._watchdog_ping, "interval", seconds=ping, id="watchdog")
         self.scheduler.start()
+        if self.alertmanager is not None:
+            self.alertmanager.start()
         self._worker = threading.Thread(target=self._work, name="worker", daemon=True)
         self._worker.start()
         self.dumps.start()
@@ -125,6 +136,8 @@ class Agent:
         self.queue.wake()
         if self._worker is not None:
             self._worker.join(timeout=30)
+        if self.alertmanager is not None:
+            self.alertmanager.stop()
         self.dumps.stop()
         self.watcher.stop()
         self.http.stop()
@@ -171,6 +184,8 @@ class Agent:
                 self._expired.extend(self.pipeline.expire(now, self.config.series_ttl))
                 self.pipeline.tick(now)
                 self._emit_transitions()
+                if self.alertmanager is not None:
+                    self.alertmanager.sync(list(self.pipeline.alerts.alerts.values()), now)
                 self._commit(touched)
             except Exception:  # never let one bad batch kill the agent
                 log.exception("unexpected error in worker")

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # bench/ is a top-level package of the repo, not installed
     sys.path.insert(0, str(ROOT))
 
-from bench import common, idle, latency, parse, scan  # noqa: E402
+from bench import common, compare, idle, latency, parse, scan  # noqa: E402
 
 if not Path("/proc/self/stat").exists():  # pragma: no cover - the agent targets Linux hosts
     pytest.skip("the benches read /proc", allow_module_level=True)
@@ -107,3 +107,9 @@ def test_scan_bench_reports_same_run_ratios():
     assert res["sum_s"] > 0 and res["scan_f32_s"] > 0 and res["peak_rss_mb"] > 0
     assert abs(res["ratios"]["f32_to_sum"] - res["sum_s"] / res["scan_f32_s"]) < 1e-12
     assert "ratio" in scan.report(res) or "goal" in scan.report(res)
+
+
+def test_compare_main_writes_result(tmp_path):
+    assert compare.main(["--size-mib", "1", "--repeat", "1", "--results-dir", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "compare.json").read_text())
+    assert res["bench"] == "compare" and all(_positive(v) for v in res["ratios"].values())

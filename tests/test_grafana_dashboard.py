@@ -33,8 +33,6 @@ PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds"}   # Prometheus adds the
 MAY_BE_EMPTY = {
     "First bad op": "needs a DumpNonFinite alert (a scanned dump with NaN)",
     "Errors / s by kind": "shows only kinds with errors (> 0)",
-    "Agent CPU": "process_* appear once the daemon registers prometheus_client's ProcessCollector",
-    "Agent memory (RSS)": "same as Agent CPU",
 }
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
             "offset", "inf", "nan"}
