@@ -178,7 +178,7 @@ def run(blocks: int = 10, repeat: int = 3, with_msprobe: bool = False, venv: Pat
         on_disk = sum(f.stat().st_size for f in (tmpd / "bench").rglob("*") if f.is_file())
         res["params"].update(tensor_bytes_per_side=nbytes, bytes_per_side=on_disk,
                              files_per_side=len(list((tmpd / "bench").rglob("*.pt"))))
-        ours_cmd = [sys.executable, "-m", "precision_agent.compare.cli", "compare",
+        ours_cmd = [sys.executable, "-m", "precision_agent", "compare",
                     str(tmpd / "bench" / "step0"), str(tmpd / "target" / "step0"), "--json"]
         ours, out = _timed(ours_cmd, repeat, ok=(1,))
         doc = json.loads(out)
