@@ -64,6 +64,13 @@ class InputSample(_Strict):
         return v
 
 
+class DumpInput(_Strict):
+    """A tensor-dump directory (or file), scanned by the real scanner as a dump watch would."""
+    path: str                                # relative to the test file
+    at: Duration = 0.0
+    step: int | None = None                  # only this step, like `scan --step`
+
+
 class ExpectedAlert(_Strict):
     exp_labels: LabelMap = Field(default_factory=dict)
     exp_annotations: dict[str, str] | None = None  # only the keys given are compared
@@ -83,6 +90,7 @@ class RuleTest(_Strict):
     log: str | None = None
     log_name: str = "train.log"                     # what {{ $file }} renders for log lines
     input_samples: list[InputSample] = Field(default_factory=list)
+    dumps: list[DumpInput] = Field(default_factory=list)
     interval: Duration | None = None                # default: evaluation_interval
     alert_rule_test: list[AlertRuleTest] = Field(min_length=1)
 
@@ -93,8 +101,8 @@ class RuleTest(_Strict):
 
     @model_validator(mode="after")
     def _inputs(self) -> "RuleTest":
-        if self.log is None and not self.input_samples:
-            raise ValueError("a test needs `log` or `input_samples`")
+        if self.log is None and not self.input_samples and not self.dumps:
+            raise ValueError("a test needs `log`, `input_samples` or `dumps`")
         try:
             CompositeParser("custom" if self.pattern and self.format == "auto" else self.format, self.pattern)
         except UnknownFormat as exc:
@@ -148,6 +156,11 @@ def load_rules_for(path: Path, tf: RuleTestFile) -> RuleSet:
             if not found or not all(Path(f).exists() for f in found):
                 raise ConfigError(str(path), f"field rule_files.{i}", f"{entry!r} matches no file")
             files += rule_files([Path(f) for f in found])
+    for t_i, t in enumerate(tf.tests):
+        for d_i, d in enumerate(t.dumps):
+            if not (path.parent / d.path).exists():
+                raise ConfigError(str(path), f'test "{t.name}" (tests.{t_i}) field dumps.{d_i}.path',
+                                  f"{d.path!r} does not exist")
     rs = RuleSet()
     for f in files:
         try:
@@ -225,14 +238,32 @@ def _sample_inputs(t: RuleTest, step_ms: int) -> list[tuple[int, int, Any]]:
     return out
 
 
-def run_test(t: RuleTest, rules: RuleSet, evaluation_interval: float) -> Outcome:
+def _dump_inputs(t: RuleTest, base: Path, errors: list[str]) -> list[tuple[int, int, Any]]:
+    """Scan each dump now (it is complete) and hand its samples over at ``at``, as the daemon's
+    dump flow does: the scan result's samples under the watch's labels."""
+    if not t.dumps:
+        return []
+    from .dumps.scan import scan_dump
+    from .dumps.schedule import labelled, result_samples
+    out: list[tuple[int, int, Any]] = []
+    for d in t.dumps:
+        result = scan_dump(base / d.path, d.step)
+        errors += [f"dump {d.path}: {e['path']}: {e['reason']}" for e in result["errors"]]
+        samples = labelled(result_samples(result, {}, d.path), t.labels)
+        for s in samples:
+            s.time = T0 + d.at
+            out.append((_ms(d.at), 2, s))
+    return out
+
+
+def run_test(t: RuleTest, rules: RuleSet, evaluation_interval: float, base: Path = Path(".")) -> Outcome:
     """Feed the test's inputs in time order, evaluating on the way, and check each eval_time."""
     step_ms = _ms(t.interval if t.interval is not None else evaluation_interval)
     run = _Run(rules, max(1, _ms(evaluation_interval)))
     outcome = Outcome(t.name)
     with tempfile.TemporaryDirectory(prefix="precision-agent-ruletest-") as tmp:
         lines, stream = _log_inputs(t, step_ms, Path(tmp))
-        events = sorted(lines + _sample_inputs(t, step_ms), key=lambda e: (e[0], e[1]))
+        events = sorted(lines + _sample_inputs(t, step_ms) + _dump_inputs(t, base, run.errors), key=lambda e: (e[0], e[1]))
         checks = sorted(t.alert_rule_test, key=lambda a: a.eval_time)
         try:
             with open(Path(tmp) / "input.log", "a", encoding="utf-8") as log:
@@ -334,7 +365,7 @@ def run_file(path: Path, run_filter: re.Pattern[str] | None = None, out: Any = N
     except ConfigError as exc:
         print(f"  FAILED: {exc}", file=out)
         return EXIT_BAD_FILE
-    outcomes = [run_test(t, rules, tf.evaluation_interval) for t in tf.tests
+    outcomes = [run_test(t, rules, tf.evaluation_interval, path.parent) for t in tf.tests
                 if run_filter is None or run_filter.search(t.name)]
     failed = [o for o in outcomes if o.problems]
     if not failed:
