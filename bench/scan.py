@@ -2,7 +2,9 @@
 ``a.sum()`` over the same array (goal ratio >= 0.5), fp16 and bf16 (raw uint16 words) in bytes/s
 against the same fp32 ``a.sum()`` bandwidth (goal >= 0.25), and the peak RSS of a subprocess
 scanning a 4 GiB .npy file through ``scan_file_npy`` (goal < 300 MB). A naive
-isnan/isinf/min/max/mean sequence is reported for context. Everything is measured in one run.
+isnan/isinf/min/max/mean sequence is reported for context. Everything is measured in one run:
+the scanner with one thread (the agent's default, the headline) and with ``--threads`` workers,
+each best of N with all measurements interleaved.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,59 +70,94 @@ def _rss_child(path: Path, block: int) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 3, block: int | None = None) -> dict[str, Any]:
+def _timed(fns: dict[str, Any], repeat: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Best wall time and best CPU time (this process, all threads) of each function, the
+    functions interleaved round by round so that a busy moment on a shared machine hits all of
+    them alike."""
+    wall = {k: float("inf") for k in fns}
+    cpu = dict(wall)
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            c = time.process_time()
+            wall[k] = min(wall[k], common.best_of(fn, 1))
+            cpu[k] = min(cpu[k], time.process_time() - c)
+    return wall, cpu
+
+
+def _ratios(t: dict[str, float], n: int, suffix: str = "") -> dict[str, float]:
+    """Throughput ratios to ``a.sum()``: fp32 in elements, fp16/bf16 in bytes (2 vs 4 per element)."""
+    s = t["sum"]
+    return {"f32_to_sum": s / t["f32" + suffix], "f16_bytes_to_sum": s / t["f16" + suffix] / 2,
+            "bf16_bytes_to_sum": s / t["bf16" + suffix] / 2}
+
+
+def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int | None = None,
+        threads: int | None = None) -> dict[str, Any]:
     from precision_agent.dumps.scanner import DEFAULT_BLOCK, scan_array
 
     block = block or DEFAULT_BLOCK
+    par = threads or min(2, len(os.sched_getaffinity(0)))
     n = size_mib * (1 << 20) // 4
     rng = np.random.default_rng(0)
     a = rng.standard_normal(n, dtype=np.float32)
-    t_sum = common.best_of(lambda: a.sum(), repeat)
-    t_f32 = common.best_of(lambda: scan_array(a, block_elems=block), repeat)
-    t_naive = common.best_of(lambda: _naive(a), max(1, repeat - 1))
     h = a.astype(np.float16)
-    t_f16 = common.best_of(lambda: scan_array(h, block_elems=block), repeat)
-    del h
     w = (a.view(np.uint32) >> 16).astype(np.uint16)
-    t_bf16 = common.best_of(lambda: scan_array(w, dtype="bfloat16", block_elems=block), repeat)
-    del w, a
-    sum_bw = n * 4 / t_sum
+    fns: dict[str, Any] = {"sum": lambda: a.sum()}
+    for suffix, t in (("", 1), ("_par", par)):
+        fns["f32" + suffix] = lambda t=t: scan_array(a, block_elems=block, threads=t)
+        fns["f16" + suffix] = lambda t=t: scan_array(h, block_elems=block, threads=t)
+        fns["bf16" + suffix] = lambda t=t: scan_array(w, dtype="bfloat16", block_elems=block, threads=t)
+    load_before = os.getloadavg()[0]
+    wall, cpu = _timed(fns, repeat)
+    t_naive = common.best_of(lambda: _naive(a), max(1, repeat // 2))
+    load_after = os.getloadavg()[0]
+    del a, h, w
     with tempfile.TemporaryDirectory(prefix="pa-scan-") as tmp:
         path = Path(tmp) / "big.npy"
         _write_npy(path, file_mib * (1 << 20))
         fsize = path.stat().st_size
         child = _rss_child(path, block)
     peak_mb = child["hwm_bytes"] / common.MB
+    ratios = _ratios(wall, n)
+    ratios.update(naive_to_sum=wall["sum"] / t_naive, peak_rss_to_goal=peak_mb / GOAL_PEAK_RSS_MB)
     return {
         "bench": "scan", "date": common.now_iso(), "host": common.host_info(),
         "params": {"size_mib": size_mib, "file_mib": file_mib, "file_bytes": fsize, "repeat": repeat,
-                   "block_elems": block},
+                   "block_elems": block, "threads": par},
         "goal": {"f32_ratio": GOAL_F32_RATIO, "half_bytes_ratio": GOAL_HALF_BYTES_RATIO,
                  "peak_rss_mb": GOAL_PEAK_RSS_MB},
-        "sum_s": t_sum, "sum_gb_per_s": sum_bw / 1e9,
-        "scan_f32_s": t_f32, "scan_f16_s": t_f16, "scan_bf16_s": t_bf16, "naive_f32_s": t_naive,
+        "loadavg_1min": [load_before, load_after],
+        "sum_s": wall["sum"], "sum_gb_per_s": n * 4 / wall["sum"] / 1e9,
+        "scan_f32_s": wall["f32"], "scan_f16_s": wall["f16"], "scan_bf16_s": wall["bf16"], "naive_f32_s": t_naive,
         "file_scan_s": child["scan_s"], "peak_rss_bytes": child["hwm_bytes"], "peak_rss_mb": peak_mb,
-        "ratios": {"f32_to_sum": t_sum / t_f32, "naive_to_sum": t_sum / t_naive,
-                   "f16_bytes_to_sum": (n * 2 / t_f16) / sum_bw, "bf16_bytes_to_sum": (n * 2 / t_bf16) / sum_bw,
-                   "peak_rss_to_goal": peak_mb / GOAL_PEAK_RSS_MB},
+        "ratios": ratios,
+        # the same with ``threads`` workers (wall time), and single-thread ratios of CPU time
+        # (insensitive to other processes taking the core away, not to their cache traffic)
+        "parallel": {"threads": par, "scan_f32_s": wall["f32_par"], "scan_f16_s": wall["f16_par"],
+                     "scan_bf16_s": wall["bf16_par"], "ratios": _ratios(wall, n, "_par")},
+        "cpu_time": {"sum_s": cpu["sum"], "scan_f32_s": cpu["f32"], "scan_f16_s": cpu["f16"],
+                     "scan_bf16_s": cpu["bf16"], "ratios": _ratios(cpu, n)},
     }
 
 
 def report(res: dict[str, Any]) -> str:
     p, r = res["params"], res["ratios"]
+    par, cpu = res["parallel"], res["cpu_time"]["ratios"]
 
-    def verdict(v: float, goal: float) -> str:
-        return "within goal" if v >= goal else "BELOW GOAL"
+    def line(label: str, key: str, goal: float) -> str:
+        v = r[key]
+        verdict = "within goal" if v >= goal else "BELOW GOAL"
+        return (f"  {label}: {v:.3f} (goal >= {goal}: {verdict}); by CPU time {cpu[key]:.3f}; "
+                f"{par['threads']} threads {par['ratios'][key]:.3f}")
 
     return "\n".join([
-        f"scan: {p['size_mib']} MiB fp32 array, block {p['block_elems']} elements, best of {p['repeat']}",
-        f"  a.sum() {res['sum_s']:.3f} s ({res['sum_gb_per_s']:.1f} GB/s); scan_array {res['scan_f32_s']:.3f} s",
-        f"  fp32 scan / a.sum() throughput: {r['f32_to_sum']:.3f} (goal >= {GOAL_F32_RATIO}: "
-        f"{verdict(r['f32_to_sum'], GOAL_F32_RATIO)}); naive isnan/isinf/min/max/mean: {r['naive_to_sum']:.3f}",
-        f"  fp16 bytes/s / fp32 a.sum() bytes/s: {r['f16_bytes_to_sum']:.3f} (goal >= {GOAL_HALF_BYTES_RATIO}: "
-        f"{verdict(r['f16_bytes_to_sum'], GOAL_HALF_BYTES_RATIO)})",
-        f"  bf16 bytes/s / fp32 a.sum() bytes/s: {r['bf16_bytes_to_sum']:.3f} (goal >= {GOAL_HALF_BYTES_RATIO}: "
-        f"{verdict(r['bf16_bytes_to_sum'], GOAL_HALF_BYTES_RATIO)})",
+        f"scan: {p['size_mib']} MiB fp32 array, block {p['block_elems']} elements, best of {p['repeat']} "
+        f"(load average {res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f})",
+        f"  a.sum() {res['sum_s']:.3f} s ({res['sum_gb_per_s']:.1f} GB/s); scan_array {res['scan_f32_s']:.3f} s; "
+        f"naive isnan/isinf/min/max/mean: ratio {r['naive_to_sum']:.3f}",
+        line("fp32 scan / a.sum() throughput", "f32_to_sum", GOAL_F32_RATIO),
+        line("fp16 bytes/s / fp32 a.sum() bytes/s", "f16_bytes_to_sum", GOAL_HALF_BYTES_RATIO),
+        line("bf16 bytes/s / fp32 a.sum() bytes/s", "bf16_bytes_to_sum", GOAL_HALF_BYTES_RATIO),
         f"  scan_file_npy of a {p['file_bytes'] / 1e9:.2f} GB .npy in a subprocess: {res['file_scan_s']:.2f} s, "
         f"peak RSS {common.ratio_text(res['peak_rss_mb'], GOAL_PEAK_RSS_MB, ' MB')}",
     ])
@@ -128,14 +166,16 @@ def report(res: dict[str, Any]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size-mib", type=int, default=None, help="fp32 array size (default 1024, quick 64)")
     p.add_argument("--file-mib", type=int, default=None, help=".npy file size (default 4096, quick 128)")
-    p.add_argument("--repeat", type=int, default=None, help="best of N (default 3, quick 1)")
+    p.add_argument("--repeat", type=int, default=None, help="best of N (default 5, quick 1)")
     p.add_argument("--block", type=int, default=None, help="scanner block_elems (default: scanner's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="workers of the parallel run (default min(2, CPUs); the first run uses 1)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     q = args.quick
     return run(size_mib=args.size_mib or (64 if q else 1024), file_mib=args.file_mib or (128 if q else 4096),
-               repeat=args.repeat or (1 if q else 3), block=args.block)
+               repeat=args.repeat or (1 if q else 5), block=args.block, threads=args.threads)
 
 
 def main(argv: list[str] | None = None) -> int:
