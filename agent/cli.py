@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .config import DEFAULT_LISTEN, ConfigError, load_config
+from .errors import DEFAULT_LISTEN, ConfigError
 from .model import json_safe
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_CONFIG = 0, 1, 2
@@ -42,6 +42,7 @@ def _rules_dirs(args: argparse.Namespace) -> list[Path]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from .config import load_config
     from .daemon import Agent, default_state_dir
     from .state import StateError
     overrides: dict[str, Any] = {"listen": args.listen, "log_level": args.log_level,

@@ -16,8 +16,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationE
 
 from .exporters.alertmanager import AlertmanagerConfig
 
-DEFAULT_PORT = 19400  # outside Prometheus' 9100-9999 default-allocation range; see README
-DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
+from .errors import DEFAULT_LISTEN, DEFAULT_PORT, ConfigError  # noqa: F401 - re-exported
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 RESERVED_LABELS = {"alertname", "alertstate", "severity", "metric", "__name__"}
 
@@ -217,14 +216,6 @@ def split_listen(value: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"port {port} out of range")
     return host, port
-
-
-class ConfigError(Exception):
-    """A config problem a human can fix: carries the file, the field and the reason."""
-
-    def __init__(self, file: str, field: str, reason: str) -> None:
-        self.file, self.field, self.reason = file, field, reason
-        super().__init__(f"{file}: {field}: {reason}")
 
 
 def format_validation_error(file: str, err: ValidationError) -> ConfigError:

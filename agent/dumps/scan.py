@@ -18,11 +18,9 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..model import TensorStats
-from ..pipeline import Pipeline
-from ..rulefile import RuleSet, default_rules_dir, load_rules
 from .cann import dump_dir_location, list_dump_dir, parse_dump_name
 from .mindspore import parse_npy_name, read_mindspore_npy_dir, read_statistic_csv
 from .msprobe import list_msprobe_dump
@@ -30,6 +28,9 @@ from .npy import read_npy, read_npz
 from .opdebug import find_overflow_ops
 from .scanner import scan_array
 from .types import DumpError, DumpTensor
+
+if TYPE_CHECKING:  # the rules stack is imported where it is used: `compare` never needs it
+    from ..rulefile import RuleSet
 
 MAX_FILES = 200_000  # bound the walk of a hostile or mistaken tree
 MAX_OPDEBUG_FILES = 10_000  # per scan: each is decoded, and each overflow becomes a JSON entry
@@ -205,6 +206,7 @@ def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | No
              ) -> list[dict[str, Any]]:
     """Judge a scan result with ``rules`` exactly as the daemon does: the same samples, the
     same detectors, a fresh pipeline."""
+    from ..pipeline import Pipeline
     from .schedule import result_samples  # schedule imports this module for the scan thread
     pipeline = Pipeline(rules.fresh(), max_series=1 << 16, keep_findings=100_000)
     pipeline.process(result_samples(result, labels or {}))
@@ -223,6 +225,7 @@ def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
     """``precision-agent scan``: :func:`scan_dump` plus the findings of ``rules`` (default: the
     shipped rule files)."""
     if rules is None:
+        from ..rulefile import default_rules_dir, load_rules
         rules = load_rules([default_rules_dir()])
     r = scan_dump(path, step, progress)
     r["findings"] = findings(r, rules, labels)
