@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import glob
-import math
 import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,6 @@ MAX_EVALUATIONS = 200_000  # per test: bounds the run time of a test with a far 
 SERIES_TTL = float(Config.model_fields["series_ttl"].default)
 METRICS = frozenset().union(*(k.metrics for k in KINDS.values()), TRAINING_METRICS,
                             {SKIPPED_INTERVAL, SKIPPED_CUMULATIVE})
-
-
 LabelMap = dict[str, LabelValue]  # YAML numbers and booleans (`rank: 0`) taken as written
 
 
@@ -104,10 +102,15 @@ class RuleTest(_Strict):
         if self.log is None and not self.input_samples and not self.dumps:
             raise ValueError("a test needs `log`, `input_samples` or `dumps`")
         try:
-            CompositeParser("custom" if self.pattern and self.format == "auto" else self.format, self.pattern)
+            CompositeParser(self.parser_format, self.pattern)
         except UnknownFormat as exc:
             raise ValueError(str(exc)) from None
         return self
+
+    @property
+    def parser_format(self) -> str:
+        """A pattern alone means the user's own format, as `replay --pattern` does."""
+        return "custom" if self.pattern and self.format == "auto" else self.format
 
 
 class RuleTestFile(_Strict):
@@ -156,11 +159,6 @@ def load_rules_for(path: Path, tf: RuleTestFile) -> RuleSet:
             if not found or not all(Path(f).exists() for f in found):
                 raise ConfigError(str(path), f"field rule_files.{i}", f"{entry!r} matches no file")
             files += rule_files([Path(f) for f in found])
-    for t_i, t in enumerate(tf.tests):
-        for d_i, d in enumerate(t.dumps):
-            if not (path.parent / d.path).exists():
-                raise ConfigError(str(path), f'test "{t.name}" (tests.{t_i}) field dumps.{d_i}.path',
-                                  f"{d.path!r} does not exist")
     rs = RuleSet()
     for f in files:
         try:
@@ -168,16 +166,19 @@ def load_rules_for(path: Path, tf: RuleTestFile) -> RuleSet:
         except ConfigError as exc:
             raise ConfigError(str(path), "rule file", str(exc)) from exc
     rs.reindex()
-    for t_i, t in enumerate(tf.tests):
-        for a_i, a in enumerate(t.alert_rule_test):
+    for i, t in enumerate(tf.tests):
+        def bad(where: str, reason: str) -> ConfigError:
+            return ConfigError(str(path), f'test "{t.name}" (tests.{i}) field {where}', reason)
+        for j, d in enumerate(t.dumps):
+            if not (path.parent / d.path).exists():
+                raise bad(f"dumps.{j}.path", f"{d.path!r} does not exist")
+        for j, a in enumerate(t.alert_rule_test):
             if not rs.rule(a.alertname):
-                raise ConfigError(str(path), f'test "{t.name}" (tests.{t_i}) field alert_rule_test.{a_i}.alertname',
-                                  f"no rule named {a.alertname!r} in the rule files")
+                raise bad(f"alert_rule_test.{j}.alertname", f"no rule named {a.alertname!r} in the rule files")
         evaluations = max(a.eval_time for a in t.alert_rule_test) / tf.evaluation_interval
         if evaluations > MAX_EVALUATIONS:
-            raise ConfigError(str(path), f'test "{t.name}" (tests.{t_i}) field alert_rule_test',
-                              f"{evaluations:.0f} evaluations up to the last eval_time (at most {MAX_EVALUATIONS}):"
-                              " raise evaluation_interval")
+            raise bad("alert_rule_test", f"{evaluations:.0f} evaluations up to the last eval_time (at most "
+                      f"{MAX_EVALUATIONS}): raise evaluation_interval")
     return rs
 
 
@@ -187,12 +188,13 @@ def _ms(seconds: float) -> int:
 
 
 class _Run:
-    """One test: the pipeline, the simulated clock and the evaluations due so far."""
+    """One test: the pipeline, the simulated clock, the evaluations due so far, the log being tailed."""
 
-    def __init__(self, rules: RuleSet, eval_ms: int) -> None:
+    def __init__(self, rules: RuleSet, eval_ms: int, log_name: str) -> None:
         self.pipeline = Pipeline(rules.fresh(), max_series=4096)
-        self.eval_ms = eval_ms
-        self.next_eval = 0
+        self.eval_ms, self.next_eval, self.log_name = eval_ms, 0, log_name
+        self.stream: LogStream | None = None
+        self.log: Any = None               # the file the stream tails, opened for appending
         self.errors: list[str] = []
 
     def evaluate_until(self, ms: int, inclusive: bool) -> None:
@@ -204,8 +206,19 @@ class _Run:
             self.next_eval += self.eval_ms
             self._drain()
 
-    def feed(self, samples: list[Sample]) -> None:
-        self.pipeline.process(samples)
+    def feed(self, ms: int, items: list[Any]) -> None:
+        """The inputs of one instant: log lines are appended and tailed, samples passed on."""
+        self.evaluate_until(ms, inclusive=False)
+        batch: list[Sample] = []
+        if self.stream is not None and (lines := [x for x in items if isinstance(x, str)]):
+            self.log.write("".join(line + "\n" for line in lines))
+            self.log.flush()
+            batch = self.stream.poll(now=T0 + ms / 1000)
+            for smp in batch:  # {{ $file }} renders log_name, not a temporary path
+                smp.source = SourcePos(self.log_name, smp.source.line, smp.source.offset)
+            self.errors += self.stream.parser.errors
+            self.stream.parser.errors.clear()
+        self.pipeline.process(batch + [x for x in items if isinstance(x, Sample)])
         self._drain()
 
     def _drain(self) -> None:
@@ -216,16 +229,6 @@ class _Run:
         found = [(dict(a.labels), dict(a.annotations)) for a in self.pipeline.alerts.alerts.values()
                  if a.rule == name and a.state == state]
         return sorted(found, key=lambda la: sorted(la[0].items()))
-
-
-def _log_inputs(t: RuleTest, step_ms: int, workdir: Path) -> tuple[list[tuple[int, int, Any]], LogStream | None]:
-    if t.log is None:
-        return [], None
-    fmt = "custom" if t.pattern and t.format == "auto" else t.format
-    target = workdir / "input.log"
-    target.touch()
-    stream = LogStream(str(target), t.labels, fmt, None, pattern=t.pattern)
-    return [(i * step_ms, 0, line) for i, line in enumerate(t.log.splitlines())], stream
 
 
 def _sample_inputs(t: RuleTest, step_ms: int) -> list[tuple[int, int, Any]]:
@@ -259,47 +262,36 @@ def _dump_inputs(t: RuleTest, base: Path, errors: list[str]) -> list[tuple[int, 
 def run_test(t: RuleTest, rules: RuleSet, evaluation_interval: float, base: Path = Path(".")) -> Outcome:
     """Feed the test's inputs in time order, evaluating on the way, and check each eval_time."""
     step_ms = _ms(t.interval if t.interval is not None else evaluation_interval)
-    run = _Run(rules, max(1, _ms(evaluation_interval)))
+    run = _Run(rules, max(1, _ms(evaluation_interval)), t.log_name)
+    lines = [(i * step_ms, 0, line) for i, line in enumerate((t.log or "").splitlines())]  # blank lines too
+    events = sorted(lines + _sample_inputs(t, step_ms) + _dump_inputs(t, base, run.errors), key=lambda e: (e[0], e[1]))
+    instants = [(ms, [e[2] for e in group]) for ms, group in groupby(events, key=lambda e: e[0])][::-1]
     outcome = Outcome(t.name)
     with tempfile.TemporaryDirectory(prefix="precision-agent-ruletest-") as tmp:
-        lines, stream = _log_inputs(t, step_ms, Path(tmp))
-        events = sorted(lines + _sample_inputs(t, step_ms) + _dump_inputs(t, base, run.errors), key=lambda e: (e[0], e[1]))
-        checks = sorted(t.alert_rule_test, key=lambda a: a.eval_time)
-        try:
-            with open(Path(tmp) / "input.log", "a", encoding="utf-8") as log:
-                i = 0
-                for check in checks:
+        target = Path(tmp) / "input.log"
+        with open(target, "a", encoding="utf-8") as run.log:
+            if t.log is not None:
+                run.stream = LogStream(str(target), t.labels, t.parser_format, None, pattern=t.pattern)
+            try:
+                for check in sorted(t.alert_rule_test, key=lambda a: a.eval_time):
                     at = _ms(check.eval_time)
-                    while i < len(events) and events[i][0] <= at:
-                        ms = events[i][0]
-                        run.evaluate_until(ms, inclusive=False)
-                        batch: list[Sample] = []
-                        while i < len(events) and events[i][0] == ms:
-                            if isinstance(events[i][2], Sample):
-                                batch.append(events[i][2])
-                            else:
-                                log.write(events[i][2] + "\n")
-                            i += 1
-                        if stream is not None:
-                            log.flush()
-                            batch = _renamed(stream.poll(now=T0 + ms / 1000), t.log_name) + batch
-                            run.errors += stream.parser.errors
-                            stream.parser.errors.clear()
-                        run.feed(batch)
+                    while instants and instants[-1][0] <= at:  # latest first: pop() takes the earliest
+                        run.feed(*instants.pop())
                     run.evaluate_until(at, inclusive=True)
                     outcome.problems += _compare(check, run)
-        finally:
-            if stream is not None:
-                stream.close()
+            finally:
+                if run.stream is not None:
+                    run.stream.close()
     outcome.problems += [f"error while running: {e}" for e in run.errors]
     return outcome
 
 
-def _renamed(samples: list[Sample], name: str) -> list[Sample]:
-    """Log samples as coming from ``log_name``, so {{ $file }} does not render a temporary path."""
-    for s in samples:
-        s.source = SourcePos(name, s.source.line, s.source.offset)
-    return samples
+def _guarded(t: RuleTest, rules: RuleSet, evaluation_interval: float, base: Path) -> Outcome:
+    """One test whatever its inputs do: an unexpected error fails that test, not the run."""
+    try:
+        return run_test(t, rules, evaluation_interval, base)
+    except Exception as exc:
+        return Outcome(t.name, [f"error while running: {exc!r}"])
 
 
 def _fits(exp: ExpectedAlert, name: str, labels: dict[str, str], annotations: dict[str, str]) -> bool:
@@ -323,15 +315,13 @@ def _compare(check: AlertRuleTest, run: _Run) -> list[str]:
     if not missing and not left:
         return []
     keys = {k for e in check.exp_alerts for k in (e.exp_annotations or {})}  # shown: what is compared
-    got = [(la, {k: v for k, v in an.items() if k in keys}) for la, an in got]
-    left = [(la, {k: v for k, v in an.items() if k in keys}) for la, an in left]
-    lines = [f"alertname: {name}, time: {_dur(check.eval_time)},",
+    got, left = ([(la, {k: v for k, v in an.items() if k in keys}) for la, an in alerts] for alerts in (got, left))
+    lines = [f"alertname: {name}, time: {check.eval_time:g}s,",
              "    exp: " + _listing([(dict(e.exp_labels), e.exp_annotations) for e in check.exp_alerts]),
              "    got: " + _listing(got)]
     lines += ["    - missing:    " + _show(dict(e.exp_labels), e.exp_annotations) for e in missing]
     lines += ["    + unexpected: " + _show(*g) for g in left]
-    pending = run.alerts(name, AlertState.PENDING)
-    if pending:
+    if pending := run.alerts(name, AlertState.PENDING):
         lines.append("    (pending, not compared: " + ", ".join(_braces(p[0]) for p in pending) + ")")
     return ["\n".join(lines)]
 
@@ -350,10 +340,6 @@ def _listing(items: list[tuple[dict[str, str], dict[str, str] | None]]) -> str:
     return "[\n" + "".join(f"        {i}: {_show(*it)}\n" for i, it in enumerate(items)) + "    ]"
 
 
-def _dur(seconds: float) -> str:
-    return f"{seconds:g}s" if math.isfinite(seconds) else str(seconds)
-
-
 # -- command line --------------------------------------------------------------------------------
 def run_file(path: Path, run_filter: re.Pattern[str] | None = None, out: Any = None) -> int:
     """Run one test file and print its report; returns its exit status."""
@@ -365,7 +351,7 @@ def run_file(path: Path, run_filter: re.Pattern[str] | None = None, out: Any = N
     except ConfigError as exc:
         print(f"  FAILED: {exc}", file=out)
         return EXIT_BAD_FILE
-    outcomes = [run_test(t, rules, tf.evaluation_interval, path.parent) for t in tf.tests
+    outcomes = [_guarded(t, rules, tf.evaluation_interval, path.parent) for t in tf.tests
                 if run_filter is None or run_filter.search(t.name)]
     failed = [o for o in outcomes if o.problems]
     if not failed:
