@@ -308,3 +308,33 @@ def test_yaml_syntax_error_and_missing_file_exit_2(tmp_path):
     assert rc == EXIT_BAD_FILE and str(p) in out
     rc, out = check(tmp_path / "absent.yml")
     assert rc == EXIT_BAD_FILE and "absent.yml" in out
+
+
+def test_custom_pattern_format_and_run_filter(tmp_path):
+    p = write(tmp_path, """\
+        rule_files: [rules.yml]
+        tests:
+          - name: own format
+            labels: {run: gpt-p}
+            pattern: 'step=(?P<step>\\d+) loss=(?P<loss>\\S+)'
+            interval: 0s               # a backlog: every line at once
+            log: |
+              step=1 loss=2.5
+              unrelated chatter
+              step=2 loss=nan
+            alert_rule_test:
+              - eval_time: 0s
+                alertname: NaNSeen
+                exp_alerts:
+                  - exp_labels: {run: gpt-p, metric: loss, severity: ticket}
+          - name: other
+            labels: {run: gpt-q}
+            input_samples: [{metric: loss, value: nan}]
+            alert_rule_test:
+              - eval_time: 0s
+                alertname: NaNSeen
+                exp_alerts: []
+        """)
+    rc, out = check(p)
+    assert rc == EXIT_FAILED and 'test "other"' in out and 'test "own format"' not in out
+    assert check(p, "^own") == (EXIT_OK, f"Unit Testing: {p}\n  SUCCESS (1 test(s))\n")
