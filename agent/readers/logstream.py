@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from ..model import Sample, SourcePos, make_labels
+from ..model import Labels, Sample, SourcePos, make_labels
 from ..series import far_apart
 from .parsers import Block, CompositeParser, Record
 from .parsers.base import strip_ansi
@@ -40,7 +40,7 @@ def _gc_paused() -> Iterator[None]:
 DUP_RECORDS = 32  # how many lines after the original a copy is still recognised
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamStats:
     lines: int = 0
     bytes: int = 0
@@ -49,19 +49,36 @@ class StreamStats:
     duplicates: int = 0
 
 
+_INTERNED: dict[Labels, Labels] = {}  # equal label sets of different files share one tuple
+_INTERNED_MAX = 1 << 16
+
+
+def _intern(labels: Labels) -> Labels:
+    if len(_INTERNED) >= _INTERNED_MAX:
+        _INTERNED.clear()  # tuples already handed out stay valid; only sharing restarts
+    return _INTERNED.setdefault(labels, labels)
+
+
 class LogStream:
+    """Everything kept per followed file (ten thousand of them must fit in tens of MB): the
+    tailer, this file's counts and per-file parsers, the labels and the last record of each
+    producer for the copy filter. Parser instances are shared between files."""
+
+    __slots__ = ("path", "base_labels", "parser", "tailer", "stats", "_labels_cache", "_last",
+                 "_no_copies", "_generation")
+
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, fmt: str = "auto",
                  position: TailPosition | None = None, *, start_at_end: bool = False,
                  max_line_bytes: int = 1 << 20, chunk_bytes: int = 1 << 20, pattern: str | None = None) -> None:
         self.path = path
-        self.base_labels = dict(labels or {})
+        self.base_labels = _intern(make_labels(labels))
         self.parser = CompositeParser(fmt, pattern)  # raises UnknownFormat for a bad override
         self.tailer = LogTailer(path, position, start_at_end=start_at_end,
                                 max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
         self.stats = StreamStats()
         self._labels_cache: dict[str | None, tuple[tuple[str, str], ...]] = {}
         self._last: dict[str, tuple[str, int, float | None]] = {}  # producer -> last record
-        self._no_copies = {p.name for p in self.parser.parsers if not p.copies}
+        self._no_copies = self.parser.no_copies
         self._generation: tuple[int, int] | None = None
 
     @property
@@ -95,8 +112,8 @@ class LogStream:
     def _labels(self, rank: str | None):
         lab = self._labels_cache.get(rank)
         if lab is None:
-            extra = {"rank": rank} if rank is not None else {}
-            lab = self._labels_cache[rank] = make_labels(self.base_labels | extra)
+            lab = self.base_labels if rank is None else make_labels(dict(self.base_labels), rank=rank)
+            lab = self._labels_cache[rank] = _intern(lab)
         return lab
 
     def _duplicate(self, rec: Record, text: str) -> bool:

@@ -77,6 +77,9 @@ def _decode(raw: bytes) -> str:
 class LogTailer:
     """Incrementally read complete lines of ``path``; see the module docstring."""
 
+    __slots__ = ("path", "_max", "_chunk", "_pending", "_start_at_end", "_fd", "_gen", "_offset", "_line",
+                 "_read_pos", "_buf", "_discarding", "_events", "_missing_reported", "_last_error")
+
     def __init__(
         self,
         path: str,

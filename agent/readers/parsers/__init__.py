@@ -7,6 +7,7 @@ the lower priority number wins (specific producers before generic fallbacks).
 
 from __future__ import annotations
 
+import functools
 from itertools import filterfalse
 from operator import attrgetter
 
@@ -20,6 +21,7 @@ FORMATS: tuple[str, ...] = tuple(p.name for p in PARSERS)
 
 
 FALLBACK_PRIORITY = 90  # parsers at or above this priority are generic fallbacks
+_FALLBACKS = frozenset(p.name for p in PARSERS if p.priority >= FALLBACK_PRIORITY)
 _BY_POS = attrgetter("pos")
 
 
@@ -27,43 +29,71 @@ class UnknownFormat(ValueError):
     pass
 
 
+@functools.lru_cache(maxsize=None)
+def _lineup(fmt: str) -> tuple[Parser, ...]:
+    """The parser objects for a format, built once and shared by every file of that format:
+    with ten thousand followed files, one set of instances per file was a tenth of the
+    daemon's memory. A ``per_file`` parser's shared object only answers ``wants``; each file
+    parses with its own (see ``CompositeParser._own``)."""
+    return tuple(cls() for cls in (PARSERS if fmt == "auto" else (p for p in PARSERS if p.name == fmt)))
+
+
+@functools.lru_cache(maxsize=256)
+def _custom(pattern: str) -> Parser:
+    """One stateless ``RegexParser`` per distinct user pattern (raises ValueError for a bad one)."""
+    from .custom import RegexParser
+    return RegexParser(pattern)
+
+
 class CompositeParser:
     """Runs every candidate parser over a block and merges their records in line order.
 
     ``format`` reports the producer that contributed most records so far (a file may mix a
     trainer's lines with a framework's, e.g. DeepSpeed messages inside a Megatron log).
+    Per file it holds only counts and the parsers that keep per-file context.
     """
+
+    __slots__ = ("parsers", "fixed", "counts", "errors", "_own")
 
     def __init__(self, fmt: str = "auto", pattern: str | None = None) -> None:
         """``fmt``: "auto" (every producer), a producer name, or "custom" (only ``pattern``).
         ``pattern``: a user-defined regex format, tried before the built-in producers."""
-        if fmt in ("auto", "custom"):
-            classes = PARSERS if fmt == "auto" else ()
-        else:
-            classes = tuple(p for p in PARSERS if p.name == fmt)
-            if not classes:
-                raise UnknownFormat(f"unknown log format {fmt!r}; known: auto, custom, {', '.join(FORMATS)}")
-        self.parsers: list[Parser] = [cls() for cls in classes]
+        if fmt not in ("auto", "custom") and fmt not in FORMATS:
+            raise UnknownFormat(f"unknown log format {fmt!r}; known: auto, custom, {', '.join(FORMATS)}")
+        self.parsers: tuple[Parser, ...] = _lineup(fmt) if fmt != "custom" else ()
         if pattern is not None:
-            from .custom import RegexParser
             try:
-                self.parsers.insert(0, RegexParser(pattern))
+                self.parsers = (_custom(pattern), *self.parsers)
             except ValueError as exc:
                 raise UnknownFormat(str(exc)) from None
         elif fmt == "custom":
             raise UnknownFormat("format 'custom' needs a pattern")
         self.fixed = fmt != "auto"
-        self.counts: dict[str, int] = {p.name: 0 for p in self.parsers}
+        self.counts: dict[str, int] = {}  # producer -> records so far (only producers seen)
         self.errors: list[str] = []  # parser failures, drained by the reader that owns this parser
-        self._specific: dict[str, bool] = {p.name: p.priority < FALLBACK_PRIORITY for p in self.parsers}
+        self._own: dict[str, Parser] | None = None  # this file's instances of per_file parsers
+
+    @property
+    def no_copies(self) -> frozenset[str]:
+        """Producers whose identical lines are genuine repeats (``Parser.copies`` False)."""
+        return _no_copies(self.parsers)
 
     @property
     def format(self) -> str | None:
         # a generic fallback (user prints, JSON lines) names the format only when no specific
         # producer matched: DeepSpeed's messages make a DeepSpeed log even among many user prints
-        best = max(self.counts.items(), key=lambda kv: (kv[1] > 0 and self._specific[kv[0]], kv[1]),
+        best = max(self.counts.items(), key=lambda kv: (kv[1] > 0 and kv[0] not in _FALLBACKS, kv[1]),
                    default=(None, 0))
         return best[0] if best[1] > 0 else None
+
+    def _own_instance(self, shared: Parser) -> Parser:
+        """This file's own instance of a per-file parser, made the first time it is needed."""
+        if self._own is None:
+            self._own = {}
+        mine = self._own.get(shared.name)
+        if mine is None:
+            mine = self._own[shared.name] = type(shared)()
+        return mine
 
     def parse(self, block: Block) -> list[Record]:
         """Run the parsers in priority order. Lines a parser claimed are blanked (same length,
@@ -77,6 +107,8 @@ class CompositeParser:
         for parser in self.parsers:
             if not parser.wants(probe):  # keywords are looked for in unclaimed lines only
                 continue
+            if parser.per_file:
+                parser = self._own_instance(parser)
             try:
                 records = parser.parse(current)
             except Exception as exc:  # a parser bug must not wedge the file: skip it for this block
@@ -84,7 +116,7 @@ class CompositeParser:
                 continue
             if not records:
                 continue
-            self.counts[parser.name] += len(records)
+            self.counts[parser.name] = self.counts.get(parser.name, 0) + len(records)
             merged.extend(records)
             if lines is None:
                 lines = block.text.split("\n")
@@ -98,6 +130,11 @@ class CompositeParser:
         if len(merged) > 1:  # timsort: one C-level pass when already in order
             merged.sort(key=_BY_POS)  # positions share one layout: text order is line order
         return merged
+
+
+@functools.lru_cache(maxsize=512)
+def _no_copies(parsers: tuple[Parser, ...]) -> frozenset[str]:
+    return frozenset(p.name for p in parsers if not p.copies)
 
 
 __all__ = ["Block", "CompositeParser", "FORMATS", "PARSERS", "Parser", "Record", "UnknownFormat"]

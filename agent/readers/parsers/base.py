@@ -161,9 +161,11 @@ class Record:
 class Parser(abc.ABC):
     """Turns blocks of one producer's log lines into records.
 
-    One instance per file, so a parser may keep per-file context (e.g. a record split over
-    two lines). ``keywords`` is a cheap pre-filter: a block that contains none of them is skipped
-    without running any regex.
+    Instances are shared by every file of a format unless ``per_file`` is set: a parser that
+    keeps context from one block to the next (e.g. the last exact loss scale, to match rounded
+    prints against) sets it and gets one instance per file, made when the file first needs it.
+    ``keywords`` is a cheap pre-filter: a block that contains none of them is skipped without
+    running any regex.
     """
 
     name: ClassVar[str]
@@ -172,6 +174,7 @@ class Parser(abc.ABC):
     # False for producers that print one unstamped, step-less line per step (identical lines
     # are then genuine repeats, never copies from other ranks/handlers)
     copies: ClassVar[bool] = True
+    per_file: ClassVar[bool] = False  # True when parse() keeps state between blocks of one file
 
     def record(self, block: Block, pos: int, step: int | None = None) -> Record:
         """A record for a match starting at ``pos``: line, timestamp and rank looked up once."""

@@ -42,6 +42,7 @@ class FairseqParser(Parser):
     name = "fairseq"
     priority = 40
     keywords = ("train_inner", "| train |", "| valid", "| epoch", "overflow detected", "Minimum loss scale")
+    per_file = True  # remembers the last exact scale across blocks
 
     def __init__(self) -> None:
         self._scale: float | None = None  # last exact scale seen (rounded prints are matched to it)
