@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .npy import member_array, open_zip, read_member
+from .npy import member_array, open_zip, read_member, stored_data_offset
 from .types import DumpError, DumpTensor
 
 MAX_PICKLE = 1 << 20
@@ -152,6 +152,7 @@ class PtInfo:
     shape: tuple[int, ...]
     ref: TensorRef
     member: zipfile.ZipInfo
+    data_offset: int | None = None   # where a stored (uncompressed) member's bytes start: load maps it directly
 
 
 def inspect_pt(path: str | os.PathLike, *, max_members: int = 64,
@@ -167,13 +168,15 @@ def inspect_pt(path: str | os.PathLike, *, max_members: int = 64,
         ref = unpickle_tensor(read_member(path, zf, infos[pkls[0]], MAX_PICKLE), f"{path}:{pkls[0]}")
         order = infos.get(prefix + "byteorder")
         big = order is not None and read_member(path, zf, order, 16).strip() == b"big"
+        member = infos.get(f"{prefix}data/{ref.storage.key}")
+        if member is None:
+            raise DumpError(f"{path}: storage member {prefix}data/{ref.storage.key} is missing")
+        # found while the archive is open, so that loading does not parse the zip a second time
+        data_offset = stored_data_offset(path, zf, member) if member.compress_type == zipfile.ZIP_STORED else None
     np_code, name = STORAGE_DTYPES[ref.storage.stype]
     dtype = np.dtype(np_code)
     if big:
         dtype = dtype.newbyteorder(">")
-    member = infos.get(f"{prefix}data/{ref.storage.key}")
-    if member is None:
-        raise DumpError(f"{path}: storage member {prefix}data/{ref.storage.key} is missing")
     numel = ref.storage.numel
     if numel * dtype.itemsize > member.file_size:
         raise DumpError(f"{path}: storage declares {numel} elements, member has {member.file_size} bytes")
@@ -183,7 +186,7 @@ def inspect_pt(path: str | os.PathLike, *, max_members: int = 64,
         last = ref.offset + sum((d - 1) * s for d, s in zip(ref.size, ref.stride))
         if last >= numel:
             raise DumpError(f"{path}: tensor view reaches element {last} of a {numel}-element storage")
-    return PtInfo(path, name, dtype, ref.size, ref, member)
+    return PtInfo(path, name, dtype, ref.size, ref, member, data_offset)
 
 
 def load_pt(info: PtInfo, limit: int = 8 << 30) -> np.ndarray:
@@ -191,7 +194,14 @@ def load_pt(info: PtInfo, limit: int = 8 << 30) -> np.ndarray:
     ref = info.ref
     if not all(ref.size):
         return np.empty(ref.size, dtype=info.np_dtype)
-    flat = member_array(info.path, info.member, info.np_dtype, ref.storage.numel, 0, limit)
+    if info.data_offset is not None:
+        try:
+            flat = np.memmap(info.path, dtype=info.np_dtype, mode="r", offset=info.data_offset,
+                             shape=(ref.storage.numel,))
+        except (OSError, ValueError) as exc:   # the file shrank since it was inspected
+            raise DumpError(f"{info.path}: cannot map the tensor data: {exc}") from None
+    else:
+        flat = member_array(info.path, info.member, info.np_dtype, ref.storage.numel, 0, limit)
     itemsize = info.np_dtype.itemsize
     contiguous = True
     expect = 1
