@@ -254,3 +254,20 @@ def test_threads_validated_and_small_arrays_single_span():
         scan_array(np.zeros(3, np.float32), threads=0)
     a = np.arange(10, dtype=np.float32)
     check(scan_array(a, threads=4), reference(a), F32_TOL)  # fewer blocks than threads
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_release_ranges_cover_scanned_bytes_once(monkeypatch, threads):
+    # scan_file_npy drops scanned pages of a memmap by these (start, end) byte ranges: with
+    # several threads each reports its own span, never a range another thread still reads
+    from precision_agent.dumps import scanner
+
+    monkeypatch.setattr(scanner, "_RELEASE_BYTES", 4000)
+    a = np.arange(10_000, dtype=np.float32)
+    seen: list[tuple[int, int]] = []
+    s = scan_array(a, block_elems=300, threads=threads, _release=lambda lo, hi: seen.append((lo, hi)))
+    check(s, reference(a), F32_TOL)
+    seen.sort()
+    assert seen and all(0 <= lo < hi <= a.nbytes for lo, hi in seen)
+    assert all(prev[1] <= nxt[0] for prev, nxt in zip(seen, seen[1:]))  # disjoint
+    assert sum(hi - lo for lo, hi in seen) > a.nbytes // 2
