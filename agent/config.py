@@ -116,6 +116,10 @@ class Watch(_Strict):
     compare: CompareSpec | None = None  # dump watches: compare each completed step with another run
     digest: str | None = None   # dump watches: regex over "op io[index]" of tensors that must be equal
                                 # on every data-parallel rank (e.g. weights); exported as a digest metric
+    # inotify misses other NFS/Lustre/FUSE clients' writes: "auto" polls when the path is on such a
+    # file system (read from /proc/self/mountinfo), true always polls, false always uses inotify
+    poll: bool | Literal["auto"] = "auto"
+    poll_interval: Duration = 2.0   # seconds between two polls of this watch's tree
 
     _check_labels = field_validator("labels")(check_labels)
 
@@ -150,6 +154,22 @@ class Watch(_Strict):
                 re.compile(v)
             except re.error as exc:
                 raise ValueError(f"digest is not a valid regex: {exc}") from None
+        return v
+
+    @field_validator("poll", mode="before")
+    @classmethod
+    def _poll_mode(cls, v: Any) -> Any:
+        if isinstance(v, bool) or v == "auto":
+            return v
+        if isinstance(v, str) and v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        raise ValueError(f"poll must be true, false or auto, not {v!r}")
+
+    @field_validator("poll_interval")
+    @classmethod
+    def _poll_interval(cls, v: float) -> float:
+        if v < 0.1:
+            raise ValueError("poll_interval must be at least 100ms (each poll lists the whole tree)")
         return v
 
     @model_validator(mode="after")

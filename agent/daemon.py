@@ -55,7 +55,7 @@ class Agent:
         self.streams: dict[str, LogStream] = {}
         self.offsets: dict[str, TailPosition] = {}
         self.rule_dirs = ([default_rules_dir()] if config.default_rules else []) + list(config.rule_dirs)
-        self.store = StateStore(config.state_dir)
+        self.store = StateStore(config.state_dir, lambda msg: self.health.error("state", "%s", msg))
         self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series)
         self.dump_book = DumpBook()
         self.dumpflow = DumpFlow(config, self.health, self.pipeline, self.store, self.dump_book)

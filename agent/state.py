@@ -3,21 +3,30 @@
 Tailer offsets, the scanned-file index, alert states and series summaries are written in one
 transaction per processing batch, *after* the batch's samples went through the pipeline, so
 a restart resumes exactly where the last committed batch ended and does not re-page alerts.
+
+A damaged file (not SQLite, failing ``PRAGMA quick_check``, foreign tables) is moved aside to
+``state.sqlite3.corrupt-<UTC time>`` (the newest three are kept), reported as a ``state`` error,
+and replaced by an empty store: an always-on agent that re-reads its logs once is better than
+one that does not start. A state directory that cannot be written still stops the start.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
+from .config import ConfigError
 from .model import Alert, AlertState, Labels
 from .readers.tailer import TailPosition
 from .series import SeriesState
 
 SCHEMA_VERSION = 1
+T = TypeVar("T")
 DB_NAME = "state.sqlite3"
 
 _SCHEMA = """
@@ -40,43 +49,114 @@ class StateError(Exception):
     """The state store could not be read or written (disk full, corrupt file, permissions)."""
 
 
+KEEP_CORRUPT = 3  # moved-aside databases kept for a post-mortem; older ones are deleted
+_TABLES = {  # table -> columns, checked at open: a foreign SQLite file is as unusable as garbage
+    "meta": ("key", "value"),
+    "offsets": ("path", "dev", "ino", "offset", "line", "updated"),
+    "scanned": ("path", "dev", "ino", "size", "mtime", "status", "scanned_at"),
+    "alerts": ("fingerprint", "rule", "labels", "state", "active_at", "last_seen", "fired_at", "resolved_at",
+               "annotations", "finding", "count"),
+    "series": ("labels", "data", "updated"),
+}
+# sqlite result codes that say "a human must fix the host" (permissions, disk, another agent holding
+# the lock), not "this file is damaged": those fail fast instead of throwing the state away
+_ENVIRONMENT_CODES = {3, 5, 6, 8, 10, 13, 14}  # PERM BUSY LOCKED READONLY IOERR FULL CANTOPEN
+
+
+class _Damaged(Exception):
+    """The database file exists but is not a usable state store (the reason says why)."""
+
+
 class StateStore:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, on_error: Callable[[str], None] | None = None) -> None:
+        """Open (or create) the store. A damaged file is moved aside and replaced by an empty
+        store, reported through ``on_error``: an always-on agent that loses its offsets re-reads
+        logs once, which is far better than not running. An unusable *directory* still fails."""
         self.path = Path(state_dir) / DB_NAME
+        self.on_error = on_error or (lambda msg: None)
+        self.moved_aside: Path | None = None
+        _check_dir(Path(state_dir))
         try:
-            Path(state_dir).mkdir(parents=True, exist_ok=True, mode=0o750)
-            self.db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_SCHEMA)
-            row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            self.db = self._open()
+        except _Damaged as exc:
+            self.moved_aside = quarantine(self.path, time.time())
+            self.on_error(f"{self.path}: {exc}; moved it to {self.moved_aside} and started with empty state "
+                          "(logs are read again from their start)")
+            try:
+                self.db = self._open()
+            except _Damaged as again:
+                raise StateError(f"{self.path}: {again} (even after moving the old file aside)") from again
+
+    def _open(self) -> sqlite3.Connection:
+        """Connect, check integrity and schema; raise _Damaged for a bad file, StateError otherwise."""
+        db: sqlite3.Connection | None = None
+        try:
+            db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            problems = [r[0] for r in db.execute("PRAGMA quick_check(5)").fetchall()]
+            if problems != ["ok"]:
+                raise _Damaged("integrity check failed: " + "; ".join(str(p) for p in problems))
+            db.executescript(_SCHEMA)
+            for table, columns in _TABLES.items():
+                found = tuple(r[1] for r in db.execute(f"PRAGMA table_info({table})").fetchall())
+                if found != columns:
+                    raise _Damaged(f"table {table} has columns {found}, expected {columns}")
+            row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
-                self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise StateError(f"{self.path}: schema version {row[0]} is newer than this agent ({SCHEMA_VERSION})")
+                db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif not str(row[0]).isdigit():
+                raise _Damaged(f"schema version {row[0]!r} is not a number")
+            elif int(row[0]) > SCHEMA_VERSION:  # a newer agent's state: refuse rather than destroy it
+                raise StateError(f"{self.path}: schema version {row[0]} is newer than this agent "
+                                 f"({SCHEMA_VERSION})")
+            return db
+        except (_Damaged, StateError):
+            _close(db)
+            raise
+        except sqlite3.DatabaseError as exc:
+            _close(db)
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _ENVIRONMENT_CODES:
+                raise StateError(f"{self.path}: {exc}") from exc
+            raise _Damaged(f"not a usable SQLite database ({exc})") from exc
         except (sqlite3.Error, OSError) as exc:
+            _close(db)
             raise StateError(f"{self.path}: {exc}") from exc
 
     # -- reads (start-up) ---------------------------------------------------------------------
+    # A row that cannot be decoded is skipped and reported: one bad alert must not cost the rest.
     def load_offsets(self) -> dict[str, TailPosition]:
-        rows = self._query("SELECT path, dev, ino, offset, line FROM offsets")
-        return {r[0]: TailPosition(r[1], r[2], r[3], r[4]) for r in rows}
+        rows = self._decode("offsets", "SELECT path, dev, ino, offset, line FROM offsets",
+                            lambda r: (str(r[0]), TailPosition(int(r[1]), int(r[2]), int(r[3]), int(r[4]))))
+        return dict(rows)
 
     def load_alerts(self) -> list[Alert]:
-        out = []
-        for r in self._query("SELECT fingerprint, rule, labels, state, active_at, last_seen, fired_at,"
-                             " resolved_at, annotations, finding, count FROM alerts"):
-            out.append(Alert(r[0], r[1], _labels(r[2]), AlertState(r[3]), r[4], r[5], r[6], r[7],
-                             json.loads(r[8]), json.loads(r[9]), r[10]))
-        return out
+        return self._decode("alerts", "SELECT fingerprint, rule, labels, state, active_at, last_seen, fired_at,"
+                                      " resolved_at, annotations, finding, count FROM alerts",
+                            lambda r: Alert(r[0], r[1], _labels(r[2]), AlertState(r[3]), r[4], r[5], r[6], r[7],
+                                            json.loads(r[8]), json.loads(r[9]), r[10]))
 
     def load_series(self) -> list[SeriesState]:
-        return [SeriesState.from_dict(_labels(r[0]), json.loads(r[1]))
-                for r in self._query("SELECT labels, data FROM series ORDER BY updated")]
+        return self._decode("series", "SELECT labels, data FROM series ORDER BY updated",
+                            lambda r: SeriesState.from_dict(_labels(r[0]), json.loads(r[1])))
 
     def load_scanned(self) -> dict[str, tuple[int, int, int, float, str]]:
-        rows = self._query("SELECT path, dev, ino, size, mtime, status FROM scanned")
-        return {r[0]: (r[1], r[2], r[3], r[4], r[5]) for r in rows}
+        rows = self._decode("scanned", "SELECT path, dev, ino, size, mtime, status FROM scanned",
+                            lambda r: (str(r[0]), (int(r[1]), int(r[2]), int(r[3]), float(r[4]), str(r[5]))))
+        return dict(rows)
+
+    def _decode(self, table: str, sql: str, decode: Callable[[tuple[Any, ...]], T]) -> list[T]:
+        out: list[T] = []
+        bad: list[str] = []
+        for r in self._query(sql):
+            try:
+                out.append(decode(r))
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+                bad.append(f"{type(exc).__name__}: {exc}")
+        if bad:
+            self.on_error(f"{self.path}: skipped {len(bad)} unreadable row(s) of table {table} "
+                          f"(first: {bad[0][:200]})")
+        return out
 
     # -- writes ------------------------------------------------------------------------------
     def commit(self, *, offsets: dict[str, TailPosition] | None = None, alerts: Iterable[Alert] = (),
@@ -135,3 +215,60 @@ def _dump_labels(labels: Labels) -> str:
 
 def _labels(raw: str) -> Labels:
     return tuple((str(k), str(v)) for k, v in json.loads(raw))
+
+
+def _close(db: sqlite3.Connection | None) -> None:
+    if db is not None:
+        try:
+            db.close()
+        except sqlite3.Error:
+            pass
+
+
+def _check_dir(state_dir: Path) -> None:
+    """Create the state directory and prove it is writable; a host problem is a config error
+    (exit 2 with the path and the reason), never a reason to run without state."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=state_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(str(state_dir), "state_dir",
+                          f"cannot use it as the state directory: {exc.strerror or exc}") from exc
+
+
+def quarantine(db_path: Path, now: float) -> Path:
+    """Move a damaged database and its -wal/-shm to ``<name>.corrupt-<UTC time>`` (kept for a
+    post-mortem) and delete all but the newest KEEP_CORRUPT such copies. Returns the new path."""
+    # fixed-width stamp down to microseconds: names sort by age and never repeat a pruned one
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now * 1e6) % 1_000_000:06d}Z"
+    target = db_path.with_name(f"{db_path.name}.corrupt-{stamp}")
+    n = 1
+    while target.exists():
+        target = db_path.with_name(f"{db_path.name}.corrupt-{stamp}-{n}")
+        n += 1
+    for suffix in ("-wal", "-shm", ""):  # the main file last: a crash in between leaves no stray log
+        src = db_path.with_name(db_path.name + suffix)
+        try:
+            os.replace(src, target.with_name(target.name + suffix))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise StateError(f"{db_path}: damaged, and it cannot be moved aside: {exc.strerror or exc}") from exc
+    _prune(db_path)
+    return target
+
+
+def _prune(db_path: Path) -> None:
+    prefix = f"{db_path.name}.corrupt-"
+    kept = sorted((p for p in db_path.parent.iterdir()
+                   if p.name.startswith(prefix) and not p.name.endswith(("-wal", "-shm"))),
+                  key=lambda p: p.name)
+    for old in kept[:-KEEP_CORRUPT] if len(kept) > KEEP_CORRUPT else []:
+        for suffix in ("", "-wal", "-shm"):
+            try:
+                os.unlink(old.with_name(old.name + suffix))
+            except OSError:
+                pass
+

@@ -3,6 +3,11 @@ the periodic resync. Sources only say *which* path changed; they never open or p
 
 inotify is treated as a hint (it loses events on queue overflow, and files written right after
 ``mkdir`` of a new directory are often missed), so the resync walk is the ground truth.
+
+Watches on network or FUSE file systems (where inotify never sees another client's writes) are
+polled instead (``poll``/``poll_interval`` on the watch; see mounts.py). Recursive inotify watches
+cost one kernel watch per directory: a tree that would pass fs.inotify.max_user_watches is left
+to the resync walk, with a warning that names the sysctl, rather than watched in part silently.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from watchdog.events import (DirCreatedEvent, DirMovedEvent, FileClosedEvent, Fi
                              FileModifiedEvent, FileMovedEvent, FileSystemEvent, FileSystemEventHandler)
 from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
 
 from ..config import Watch
+from .mounts import Mount, count_dirs, is_network_fs, mount_of, read_mounts, read_watch_limit
 
 log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", category=RuntimeWarning, module="watchdog")
@@ -51,34 +58,42 @@ def watch_for(watches: list[Watch], path: str) -> Watch | None:
 
 
 def walk(watch: Watch, limit: int) -> Iterator[str]:
-    """Files of a watch, found by listing the tree (at most ``limit``); unreadable dirs skipped."""
+    """Files of a watch, found by listing the tree (at most ``limit``); unreadable dirs skipped.
+    The number of directories listed is left in DIRS_SEEN (the watch-limit check reuses it)."""
     root = str(watch.path)
     if not os.path.exists(root):  # the job may not have created it yet
         return
     if os.path.isfile(root):
         yield root
         return
-    stack, n = [root], 0
-    while stack:
-        d = stack.pop()
-        try:
-            with os.scandir(d) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            log.warning("cannot list %s: %s", d, exc)
-            continue
-        for e in entries:
+    stack, n, dirs = [root], 0, 0
+    try:
+        while stack:
+            d = stack.pop()
+            dirs += 1
             try:
-                if e.is_dir(follow_symlinks=False):
-                    if watch.recursive:
-                        stack.append(e.path)
-                elif e.is_file() and matches(watch, e.path):
-                    yield e.path
-                    n += 1
-                    if n >= limit:
-                        return
-            except OSError:
+                with os.scandir(d) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:
+                log.warning("cannot list %s: %s", d, exc)
                 continue
+            for e in entries:
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        if watch.recursive:
+                            stack.append(e.path)
+                    elif e.is_file() and matches(watch, e.path):
+                        yield e.path
+                        n += 1
+                        if n >= limit:
+                            return
+                except OSError:
+                    continue
+    finally:
+        DIRS_SEEN[root] = dirs + len(stack)  # a walk cut short by ``limit`` gives a lower bound
+
+
+DIRS_SEEN: dict[str, int] = {}  # watch root -> directories found by its latest walk
 
 
 class _Handler(FileSystemEventHandler):
@@ -107,21 +122,36 @@ class _OverflowLog(logging.Handler):
 
 
 class TreeWatcher:
+    """One inotify observer for the local watches, one polling observer per poll interval for
+    the rest. ``mounts`` and ``watch_limit`` default to the host's (tests pass their own)."""
+
     def __init__(self, watches: list[Watch], on_path: Callable[[str], None],
-                 on_overflow: Callable[[], None], on_error: Callable[[str], None]) -> None:
+                 on_overflow: Callable[[], None], on_error: Callable[[str], None], *,
+                 mounts: list[Mount] | None = None, watch_limit: int | None = None) -> None:
         self.watches = watches
         self.on_path, self.on_overflow, self.on_error = on_path, on_overflow, on_error
         self.observer: BaseObserver = Observer()
+        self.pollers: dict[float, BaseObserver] = {}
         self.scheduled: set[str] = set()
+        self.modes: dict[str, str] = {}  # watch path -> "inotify" | "poll" | "resync"
+        self._mounts = mounts
+        self.watch_limit = watch_limit if watch_limit is not None else read_watch_limit()
+        self._inotify_dirs: dict[str, int] = {}  # inotify watch path -> directories it needs
+        self._over_limit_reported = False
+        self._started = False
         self._overflow_log = _OverflowLog(on_overflow)
         logging.getLogger("watchdog.observers.inotify_c").addHandler(self._overflow_log)
 
     def start(self) -> None:
         self.schedule_missing()
         self.observer.start()
+        for poller in self.pollers.values():
+            poller.start()
+        self._started = True
 
     def schedule_missing(self) -> None:
-        """Add observers for watch paths that exist now (a job's log dir may appear later)."""
+        """Add observers for watch paths that exist now (a job's log dir may appear later), and
+        check that the inotify trees, grown since, still fit under the watch limit."""
         handler = _Handler(self._path_event, lambda d: self.on_overflow())
         for w in self.watches:
             key = str(w.path)
@@ -130,12 +160,74 @@ class TreeWatcher:
             target = key if os.path.isdir(key) else os.path.dirname(key)
             if not os.path.isdir(target):
                 continue
+            recursive = w.recursive and os.path.isdir(key)
             try:
-                self.observer.schedule(handler, target, recursive=w.recursive and os.path.isdir(key),
-                                       event_filter=EVENT_FILTER)
+                if self._polled(w, target):
+                    self._poller(w.poll_interval).schedule(handler, target, recursive=recursive,
+                                                           event_filter=EVENT_FILTER)
+                    self.modes[key] = "poll"
+                elif self._fits(key, target, recursive):
+                    self.observer.schedule(handler, target, recursive=recursive, event_filter=EVENT_FILTER)
+                    self.modes[key] = "inotify"
+                else:
+                    self.modes[key] = "resync"
                 self.scheduled.add(key)
             except OSError as exc:  # inotify limits, permissions
                 self.on_error(f"cannot watch {key}: {exc}; relying on periodic resync")
+        self._check_growth()
+
+    def _polled(self, w: Watch, target: str) -> bool:
+        if w.poll is True or w.poll is False:
+            why = "poll: true" if w.poll else ""
+        else:
+            if self._mounts is None:
+                self._mounts = read_mounts()
+            m = mount_of(target, self._mounts)
+            why = f"{m.fstype} file system at {m.mount_point}" if m and is_network_fs(m.fstype) else ""
+        if why:
+            log.info("polling %s every %gs (%s): inotify does not see other clients' writes there",
+                     w.path, w.poll_interval, why)
+        return bool(why)
+
+    def _poller(self, interval: float) -> BaseObserver:
+        poller = self.pollers.get(interval)
+        if poller is None:
+            poller = self.pollers[interval] = PollingObserver(timeout=interval)
+            if self._started:
+                poller.start()
+        return poller
+
+    def _fits(self, key: str, target: str, recursive: bool) -> bool:
+        """Whether a new inotify watch stays within max_user_watches; if not, say how to raise it."""
+        if self.watch_limit is None:
+            return True
+        used = sum(self._inotify_dirs.values())
+        need = count_dirs(target, self.watch_limit - used) if recursive else 1
+        if used + need > self.watch_limit:
+            # (counting stopped at the first directory past the limit)
+            self.on_error(f"not watching {key} with inotify: its more than {self.watch_limit - used} "
+                          f"directories would pass fs.inotify.max_user_watches="
+                          f"{self.watch_limit} ({used} in use by this agent); relying on the periodic resync "
+                          f"for it. Raise the limit with: sysctl -w fs.inotify.max_user_watches="
+                          f"{_suggest(used + need)} (persist in /etc/sysctl.d/), or set 'poll: true' on the watch")
+            return False
+        self._inotify_dirs[key] = need
+        return True
+
+    def _check_growth(self) -> None:
+        """Directories created after scheduling get watches too; past the limit the kernel refuses
+        them and watchdog drops the failure, so compare with the latest resync's count."""
+        if self.watch_limit is None:
+            return
+        for key in self._inotify_dirs:
+            if key in DIRS_SEEN:
+                self._inotify_dirs[key] = max(self._inotify_dirs[key], DIRS_SEEN[key])
+        total = sum(self._inotify_dirs.values())
+        if total > self.watch_limit and not self._over_limit_reported:
+            self._over_limit_reported = True
+            self.on_error(f"the watched trees grew to {total} directories, past fs.inotify.max_user_watches="
+                          f"{self.watch_limit}: new directories are found only by the periodic resync. "
+                          f"Raise the limit with: sysctl -w fs.inotify.max_user_watches={_suggest(total)}")
 
     def _path_event(self, path: str) -> None:
         if watch_for(self.watches, path) is not None:
@@ -143,9 +235,14 @@ class TreeWatcher:
 
     def stop(self) -> None:
         logging.getLogger("watchdog.observers.inotify_c").removeHandler(self._overflow_log)
-        try:
-            self.observer.stop()
-            self.observer.join(timeout=5)
-        except RuntimeError:
-            pass
+        for obs in (self.observer, *self.pollers.values()):
+            try:
+                obs.stop()
+                obs.join(timeout=5)
+            except RuntimeError:
+                pass
 
+
+def _suggest(needed: int) -> int:
+    """A limit with room to grow: twice what is needed, rounded up to a multiple of 65536."""
+    return -(-2 * needed // 65536) * 65536
