@@ -203,6 +203,8 @@ def test_large_bfloat16_rows_blocks_and_threads(specials):
     for block, threads in ((1 << 16, 1), (ROW + 17, 1), (1000, 3)):
         check(scan_array(words, dtype="bfloat16", block_elems=block, threads=threads), ref, F32_TOL)
     check(scan_array(words.view(np.int16), dtype="bfloat16"), ref, F32_TOL)  # signed words too
+    # word pairs read as uint32 need 4-byte alignment: an odd start takes the plain widening
+    check(scan_array(words[1:], dtype="bfloat16", block_elems=1000), reference(words[1:], bf16=True), F32_TOL)
 
 
 def test_float32_sums_much_better_than_tolerance_on_typical_data():

@@ -17,6 +17,7 @@ _FAST_LO = 2.0 ** -50            # float32 squares and row sums stay exact-enoug
 _FAST_HI = 2.0 ** 50
 _F16_MAGIC = np.float32(2.0 ** 112)       # rebias a half exponent (15) to a single one (127)
 _F16_MASK = np.int32(-1879048193)         # 0x8FFFFFFF: keep the sign, clear sign-extension bits
+_HIGH16 = np.uint32(0xFFFF0000)
 
 
 class Acc:
@@ -214,8 +215,15 @@ def _widen(w: np.ndarray, sc: Scratch, kind: _Half) -> np.ndarray:
     m = w.size
     if kind is _BF16:
         u = sc.w32[:m]
-        np.copyto(u, w)
-        np.left_shift(u, 16, out=u)
+        if m % 2 == 0 and w.flags.c_contiguous and w.ctypes.data % 4 == 0:
+            # two words as one uint32: one is already in the high half, the other shifts there
+            # (values land out of order: the statistics do not care; ~25% fewer bytes moved)
+            p = w.view(np.uint32)
+            np.bitwise_and(p, _HIGH16, out=u[:m // 2])
+            np.left_shift(p, 16, out=u[m // 2:])
+        else:
+            np.copyto(u, w)
+            np.left_shift(u, 16, out=u)
         return u.view(np.float32)
     i = sc.w32[:m].view(np.int32)
     np.copyto(i, w.view(np.int16))                 # sign-extends
