@@ -222,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     rc = rsub.add_parser("check", help="validate rule files")
     rc.add_argument("paths", nargs="*", help="rule files or directories (default: the shipped rules)")
     rc.set_defaults(func=cmd_rules_check, rules=None)
+    from .ruletest import add_parser as add_rules_test
+    add_rules_test(rsub)
 
     d = sub.add_parser("demo", help="start the agent on a simulated training job and show alerts firing")
     d.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
