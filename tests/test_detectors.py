@@ -94,6 +94,78 @@ def test_floor_still_hits_and_clears(tmp_path):
     assert states(p) == {"R": AlertState.RESOLVED}
 
 
+class _Printed(Sample):
+    """A sample that names its producer, as LogStream's samples do once Sample carries one."""
+
+
+def _by(producer: str, value: float, step: int, line: int) -> Sample:
+    s = _Printed(RUN, LOSS_SCALE, value, step, SourcePos("train.log", line), 1000.0 + line)
+    s.producer = producer
+    return s
+
+
+def test_floor_auto_is_1_unless_the_producer_has_another_minimum(tmp_path):
+    p = pipeline(tmp_path, rule("loss_scale", "{}", severity="page"))  # condition floor, floor auto
+    assert p.rules.rules[0].detector.params.floor == "auto"
+    assert p.process([_by("fairseq", 1.0, 1, 1), _by("fairseq", 0.5, 2, 2)]) == []  # fairseq goes to 1e-4
+    (hit,) = p.process([_by("fairseq", 1e-4, 3, 3)])
+    assert hit.evidence["floor"] == 1e-4 and hit.evidence["floor_source"] == "fairseq"
+    p.process([_by("fairseq", 4.0, 4, 4)])
+    assert states(p) == {"R": AlertState.RESOLVED}
+    p2 = pipeline(tmp_path, rule("loss_scale", "{floor: auto}", severity="page"))
+    for producer in ("deepspeed", "apex", ""):  # minimum 1, or no clamp at all: 1 is abnormal
+        (hit,) = p2.process([_by(producer, 1.0, 5, 5)])
+        assert hit.evidence["floor"] == 1.0 and hit.evidence["floor_source"] == "default"
+        p2.process([_by(producer, 8.0, 6, 6)])
+    f = Feed(pipeline(tmp_path, rule("loss_scale", "{}")))
+    assert f(LOSS_SCALE, 2.0, 1) == [] and len(f(LOSS_SCALE, 1.0, 2)) == 1  # samples without a producer
+
+
+def test_floor_from_an_explicit_framework_or_number(tmp_path):
+    f = Feed(pipeline(tmp_path, rule("loss_scale", "{framework: fairseq}")))
+    assert f(LOSS_SCALE, 1.0, 1) == [] and f(LOSS_SCALE, 0.001, 2) == []
+    (hit,) = f(LOSS_SCALE, 0.0001, 3)
+    assert hit.evidence["floor"] == 1e-4 and hit.evidence["floor_source"] == "fairseq"
+    f = Feed(pipeline(tmp_path, rule("loss_scale", "{framework: fairseq, floor: 0.01}")))
+    assert f(LOSS_SCALE, 0.02, 1) == [] and len(f(LOSS_SCALE, 0.01, 2)) == 1
+    f = Feed(pipeline(tmp_path, rule("loss_scale", "{framework: tf_npu}")))
+    assert len(f(LOSS_SCALE, 1.0, 1)) == 1
+
+
+def test_fairseq_minimum_reached_message_sets_the_series_floor(tmp_path):
+    """--min-loss-scale 0.25: "Minimum loss scale reached (0.25)" pages although 0.25 > 1e-4."""
+    p = pipeline(tmp_path, rule("loss_scale", "{}", severity="page"))
+    assert p.process([_by("fairseq", 0.5, 10, 1)]) == []
+    over = _Printed(RUN, OVERFLOW, 1.0, None, SourcePos("train.log", 2), 1002.0, None, (("variant", "min_scale"),))
+    over.producer = "fairseq"
+    (hit,) = p.process([over, _by("fairseq", 0.25, None, 2)])
+    assert hit.evidence["floor"] == 0.25 and hit.evidence["floor_source"] == "announced by the producer"
+    p.process([_by("fairseq", 0.5, 11, 3)])  # a restarted run above that minimum clears it
+    assert states(p) == {"R": AlertState.RESOLVED}
+    assert p.process([_by("fairseq", 0.25, 12, 4)])  # and the announced minimum stays in force
+
+
+@pytest.mark.skipif("producer" not in Sample.__dataclass_fields__,
+                    reason="Sample does not carry its producer yet (floor: auto falls back to 1)")
+def test_replayed_fairseq_log_at_scale_1_is_not_at_its_floor(tmp_path):
+    log = tmp_path / "train.log"
+    lines = ['2022-10-19 03:46:58 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring '
+             'gradient, setting loss scale to: 2.0',
+             '2022-10-19 03:47:10 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring '
+             'gradient, setting loss scale to: 1.0']
+    lines += [f'2022-10-19 03:48:{10 + i:02d} | INFO | train_inner | {{"epoch": 1, "update": 0.{i}, "loss": '
+              f'"{9 - i * 0.1:.2f}", "num_updates": "{i}", "lr": "9e-05", "gnorm": "1.5", "loss_scale": "1"}}'
+              for i in range(1, 6)]
+    log.write_text("\n".join(lines) + "\n")
+    r = replay_json(log)
+    assert r["format"] == "fairseq" and r["loss_scale"]["min"] == 1.0
+    assert not [f for f in r["findings"] if f["rule"] == "LossScaleAtFloor"], r["findings"]
+    with open(log, "a") as f:
+        f.write("FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding.\n")
+    floor = [f for f in replay_json(log)["findings"] if f["rule"] == "LossScaleAtFloor"]
+    assert len(floor) == 1 and floor[0]["summary"].startswith("Loss scale fell to 0.0001 (floor 0.0001)"), floor
+
+
 # --- loss_scale: decreases ---------------------------------------------------------------------------
 
 DECREASES = rule("loss_scale", "{condition: decreases}")

@@ -2,9 +2,14 @@
 
 One rule judges one ``condition`` (the shipped file has one rule per condition):
 
-* ``floor``: the scale is at or below its floor (1 for TF/NPU and MindSpore, whose managers
-  clamp there; PyTorch/DeepSpeed have no clamp, so reaching 1 is already abnormal). Hits on
-  every observation at the floor, clears on the first one above it.
+* ``floor``: the scale is at or below its floor. Hits on every observation at the floor, clears
+  on the first one above it. ``floor: auto`` (the default) takes the floor of the ``framework``
+  when one is set, else of the producer that printed the value (the series' detected log
+  format): fairseq's scaler goes down to ``--min-loss-scale`` (default 1e-4) and stops training
+  there, so a fairseq scale of 1 or 0.5 is ordinary; TF/NPU and MindSpore clamp at 1, and
+  DeepSpeed/Megatron default to a minimum of 1, while PyTorch's GradScaler and apex have no
+  clamp, so for them and for unknown producers reaching 1 is already abnormal (floor 1). When
+  fairseq announces ``Minimum loss scale reached (X)``, X becomes that series' floor.
 * ``decreases``: ``min_decreases`` or more decreases within ``window`` steps with no increase in
   between, after warm-up. A decrease is counted as the number of ``decrease_factor`` back-offs it
   implies (Megatron prints one value per log interval, so 8192 -> 2048 between two reports is two
@@ -35,7 +40,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -43,22 +48,33 @@ from ..model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, OVERFLOW, Sample
 from ..series import SeriesState
 from .base import Clear, Detector, Hit, Params, PerSeries, step_of
 
-# framework -> defaults; the comments name the initial scale and back-off rule of each
+# framework -> defaults; the comments name the initial scale, back-off rule and minimum of each
 PRESETS: dict[str, dict[str, Any]] = {
-    "generic": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200},
-    "tf_npu": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200},      # init 2^32, 2 bad steps/decrease
-    "mindspore": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200},   # init 2^24, every overflow halves
-    "torch": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200},       # GradScaler init 2^16
-    "deepspeed": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200},   # init 2^16, hysteresis 2
-    "megatron": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200},    # init 2^32, hysteresis 2
+    "generic": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200},     # floor: from the producer
+    "tf_npu": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200,       # init 2^32, 2 bad steps/decrease,
+               "floor": 1.0},                                                     # clamps at 1
+    "mindspore": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200,    # init 2^24, every overflow halves,
+                  "floor": 1.0},                                                  # clamps at 1
+    "torch": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200,        # GradScaler init 2^16, no clamp:
+              "floor": 1.0},                                                      # 1 is already abnormal
+    "deepspeed": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200,    # init 2^16, hysteresis 2,
+                  "floor": 1.0},                                                  # min_loss_scale 1
+    "megatron": {"window": 1000, "decrease_factor": 0.5, "warmup_steps": 200,     # init 2^32, hysteresis 2,
+                 "floor": 1.0},                                                   # --min-loss-scale 1
+    "fairseq": {"window": 2000, "decrease_factor": 0.5, "warmup_steps": 200,      # init 2^7; window 2^14/(world
+                "floor": 1e-4},                                                   # x update_freq); stops at 1e-4
 }
 
-Framework = Literal["generic", "tf_npu", "mindspore", "torch", "deepspeed", "megatron"]
+Framework = Literal["generic", "tf_npu", "mindspore", "torch", "deepspeed", "megatron", "fairseq"]
+
+# ``floor: auto`` by producer (a parser name); anything else uses DEFAULT_FLOOR
+PRODUCER_FLOORS: dict[str, float] = {"fairseq": 1e-4}
+DEFAULT_FLOOR = 1.0
 
 
 class LossScaleParams(Params):
     condition: Literal["floor", "decreases", "overflow_ratio", "jump"] = "floor"
-    floor: float = Field(1.0, ge=0)
+    floor: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
     framework: Framework = "generic"
     window: int = Field(2000, ge=1)                 # steps
     decrease_factor: float = Field(0.5, gt=0, lt=1)
@@ -89,6 +105,8 @@ class _Track:
     skipped: float = 0.0                              # sum over ``overflows``
     span_start: int | None = None
     active: bool = False
+    announced: float | None = None  # floor the producer announced ("Minimum loss scale reached (X)")
+    announcing: bool = False        # the next scale value is that announced minimum
 
 
 _PROGRESS = frozenset({LOSS, GRAD_NORM, LEARNING_RATE, LOSS_SCALE})
@@ -107,6 +125,8 @@ class LossScaleDetector(Detector[LossScaleParams]):
     def wanted_metrics(self) -> frozenset[str]:
         if self.params.condition == "overflow_ratio":
             return frozenset({OVERFLOW}) | _PROGRESS
+        if self.params.condition == "floor" and self.params.floor == "auto":
+            return frozenset({LOSS_SCALE, OVERFLOW})  # OVERFLOW: fairseq's minimum-reached message
         return frozenset({LOSS_SCALE})
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
@@ -118,15 +138,35 @@ class LossScaleDetector(Detector[LossScaleParams]):
         return self._trajectory(sample, series)
 
     # -- floor -----------------------------------------------------------------------------------
-    def _floor(self, sample: Sample, series: SeriesState) -> Hit | Clear:
-        floor = self.params.floor
+    def _floor(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        if sample.metric != LOSS_SCALE:
+            if sample.attr("variant") == "min_scale":
+                self._tracks.get(sample.labels).announcing = True
+            return None
+        floor, source = self.floor_for(sample)
+        if self.params.floor == "auto":
+            t = self._tracks.get(sample.labels)
+            if t.announcing:
+                t.announcing, t.announced = False, sample.value
+            if t.announced is not None and t.announced > floor:
+                floor, source = t.announced, "announced by the producer"
         if sample.value <= floor:
             return Hit(sample.labels, f"loss scale {sample.value:g} at or below floor {floor:g}",
                        sample.value, step_of(sample, series),
-                       sample.source, {"loss_scale": sample.value, "floor": floor,
+                       sample.source, {"loss_scale": sample.value, "floor": floor, "floor_source": source,
                                        "decreases": series.scale_decreases,
                                        "first": series.scale_first, "min": series.scale_min})
         return Clear(sample.labels)
+
+    def floor_for(self, sample: Sample) -> tuple[float, str]:
+        """The floor in force for ``sample`` and where it came from (rule, framework, producer)."""
+        floor = self.params.floor
+        if floor != "auto":
+            return float(floor), "rule" if self.params.framework == "generic" else self.params.framework
+        producer = getattr(sample, "producer", "") or ""
+        if producer in PRODUCER_FLOORS:
+            return PRODUCER_FLOORS[producer], producer
+        return DEFAULT_FLOOR, "default"
 
     # -- warm-up ---------------------------------------------------------------------------------
     def _warm(self, t: _Track, step: int | None, series: SeriesState) -> bool:
