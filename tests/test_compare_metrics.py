@@ -368,6 +368,69 @@ def test_memmap_of_a_file_in_bounded_memory(tmp_path):
     assert got.metrics["KullbackLeiblerDivergence"] > 0
 
 
+# -- fast paths: KLD per block, range pre-pass, BLAS rows, raw compares ------------------------
+def _noisy(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(np.float32)
+    return x, x + (rng.standard_normal(n) * 1e-3).astype(np.float32)
+
+
+@pytest.mark.parametrize("block", [64, 1000, 8192, DEFAULT_BLOCK])
+def test_kld_when_identical_blocks_come_before_the_first_difference(block):
+    """A rerun that diverges late: the identical prefix's KLD terms are added after the range
+    pre-pass, with the same normalisation on both sides (a == b there) or a different one."""
+    x, _ = _noisy(20_000, 11)
+    same_range = x.copy()
+    same_range[-5:] += np.float32(1e-3)          # min and max unchanged: one normalisation
+    new_max = x.copy()
+    new_max[-1] = np.float32(9.0)                # y's range grows: log(a/b) != 0 everywhere
+    new_min_early = x.copy()
+    new_min_early[-3] = np.float32(-9.0)
+    for y in (same_range, new_max, new_min_early):
+        d = check(x, y, block=block)
+        assert d.metrics["KullbackLeiblerDivergence"] > 0 and d.first_diff_index >= 20_000 - 5
+
+
+@pytest.mark.parametrize("block", [7, 4096, DEFAULT_BLOCK])
+def test_kld_clamp_and_constant_sides(block):
+    x, y = _noisy(9_000, 12)
+    check(x, y, block=block)                     # each side's minimum sits in one clamped block
+    five = np.full(9_000, 5.0, np.float32)       # constant side, left as is (above the clamp)
+    neg = np.full(9_000, -3.0, np.float32)       # constant side, every element clamped
+    for a, b in ((five, y), (y, five), (neg, y), (five, neg), (five, five + np.float32(1.0))):
+        check(a, b, block=block)
+    tiny = y.copy()
+    tiny[::97] = tiny.min()                      # many elements at the clamp, in every block
+    check(x, tiny, block=block)
+
+
+def test_range_pre_pass_rounds_like_the_values():
+    """Range from raw float64 / int / half / big-endian data equals the range of the float32
+    values (NaN/Inf zeroed, float64 beyond float32's range counted as Inf)."""
+    rng = np.random.default_rng(13)
+    big = rng.standard_normal(5_000) * 1e3
+    big[[10, 4000]] = 1e39                       # Inf in float32 on both sides: zeroed, matched
+    other = big + rng.standard_normal(5_000)
+    other[[10, 4000]] = 1e39
+    for block in (3, 500, DEFAULT_BLOCK):
+        d = check(big, other, block=block)
+        assert d.nonfinite_mismatch == 0 and d.metrics["KullbackLeiblerDivergence"] > 0
+        check(rng.integers(-2**40, 2**40, 3_000), rng.integers(-2**40, 2**40, 3_000), block=block)
+        check(big.astype(np.float16), other.astype(np.float16), block=block)
+        xs, ys = _noisy(3_000, 14)
+        check(xs.astype(">f4"), ys, block=block)
+        check(xs.astype(">f4"), ys.astype(">f4"), block=block)
+
+
+@pytest.mark.parametrize("n", [0, 1, 8191, 8192, 8193, 3 * 8192 + 7])
+def test_float64_dot_in_rows_is_the_exact_sum(n):
+    from precision_agent.compare.metrics import _dot   # rows of 8192 through BLAS, then the rest
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal(n).astype(np.float32).astype(np.float64)
+    b = rng.standard_normal(n).astype(np.float32).astype(np.float64)
+    assert _dot(a, b) == pytest.approx(math.fsum((a * b).tolist()), rel=1e-13, abs=1e-12)
+
+
 # -- statistics mode ----------------------------------------------------------------------------
 def ts(mx, mn, mean, norm, shape=(4,), nan=0, pinf=0, ninf=0) -> TensorStats:
     return TensorStats(name="op", io="output", index=0, dtype="float32", shape=shape, count=4,
