@@ -1,0 +1,339 @@
+"""The block kernels behind :func:`.metrics.compare_arrays`: numpy calls on block-sized
+float64 buffers, rewritten in place, and BLAS dots kept on the calling thread.
+
+Why the shapes below: numpy has no fused loop, so the cost is the number of passes over a
+block (~0.1–0.25 ns per element each) plus ~0.5–1 µs of Python per call; 128K-element blocks
+keep three float64 buffers (3 MiB) in L2/L3 and make the per-call overhead negligible. Sums of
+products go through BLAS ``ddot`` (vecdot over rows of 8192), the one float64 reduction numpy
+offers that multiplies and adds in one pass. bench/README.md has the per-pass table.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+
+RATIO_THRESHOLDS: tuple[float, float] = (0.001, 0.005)
+EPS = float(np.finfo(float).eps)
+EPS32 = float(np.finfo(np.float32).eps)
+
+# float32 holds these exactly: their values are compared after the cast; others in their own dtype
+_EXACT_IN_F32 = {"b1", "i1", "u1", "i2", "u2", "f2", "f4"}
+
+
+class Side:
+    """One operand: a native-endian array view (bfloat16 as uint16 words) and how to widen it."""
+
+    __slots__ = ("a", "bf16", "code", "exact")
+
+    def __init__(self, a: np.ndarray, dtype: str | None) -> None:
+        a = np.asarray(a)  # a memmap becomes a plain view: no copy
+        self.bf16 = dtype == "bfloat16" or a.dtype.name == "bfloat16"
+        if self.bf16:
+            if a.dtype.itemsize != 2:
+                raise TypeError(f"bfloat16 data must come as 16-bit words, got {a.dtype}")
+            a = a.view(np.dtype(np.uint16).newbyteorder(a.dtype.byteorder))
+        elif a.dtype.kind not in "biuf":
+            raise TypeError(f"cannot compare dtype {a.dtype}")
+        self.a = a
+        self.code = "bf16" if self.bf16 else f"{a.dtype.kind}{a.dtype.itemsize}"
+        self.exact = self.bf16 or self.code in _EXACT_IN_F32
+
+    @property
+    def name(self) -> str:
+        return "bfloat16" if self.bf16 else self.a.dtype.name
+
+
+_ROW = 8192  # elements per BLAS dot call: OpenBLAS hands a dot of > 10000 elements to its threads
+
+
+class Scratch:
+    """Buffers of one block, allocated once per compare: three float64 rows (x, y, |x−y|, each
+    rewritten in place once read), two masks, and float32/uint32 words for narrowing and
+    bfloat16, made only for the sides that need them."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.x, self.y, self.z = (np.empty(n) for _ in range(3))
+        self.b1, self.b2 = np.empty(n, np.bool_), np.empty(n, np.bool_)
+        self.f32: np.ndarray | None = None
+        self.u32: np.ndarray | None = None
+
+
+def _widen(side: Side, raw: np.ndarray, out: np.ndarray, sc: Scratch) -> None:
+    """The float32 values of ``raw``, widened to float64 into ``out``."""
+    if not raw.dtype.isnative:
+        raw = raw.astype(raw.dtype.newbyteorder("="))
+    if side.bf16:
+        if sc.u32 is None:
+            sc.u32 = np.empty(sc.n, np.uint32)
+        u = sc.u32[:raw.size]
+        np.copyto(u, raw)
+        np.left_shift(u, 16, out=u)
+        np.copyto(out, u.view(np.float32))
+    elif side.exact:
+        np.copyto(out, raw, casting="unsafe")
+    else:  # float64, wide ints: round to float32 first, as msaccucmp does
+        if sc.f32 is None:
+            sc.f32 = np.empty(sc.n, np.float32)
+        f = sc.f32[:raw.size]
+        np.copyto(f, raw, casting="unsafe")
+        np.copyto(out, f)
+
+
+def pairs(x: np.ndarray, y: np.ndarray, n: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Aligned 1-D chunks (offset, x chunk, y chunk) of at most n elements, in C order."""
+    if x.flags.c_contiguous and y.flags.c_contiguous:
+        fx, fy = x.reshape(-1), y.reshape(-1)
+        for i in range(0, fx.size, n):
+            yield i, fx[i:i + n], fy[i:i + n]
+        return
+    it = np.nditer([x, y], flags=["external_loop", "buffered", "zerosize_ok"],
+                   op_flags=[["readonly"], ["readonly"]], order="C", buffersize=n)
+    off = 0
+    for cx, cy in it:
+        yield off, cx, cy
+        off += cx.size
+
+
+class Acc:
+    """Block partials (Python floats) of one pass."""
+
+    def __init__(self) -> None:
+        self.sx: list[float] = []
+        self.sy: list[float] = []
+        self.sxx: list[float] = []
+        self.syy: list[float] = []
+        self.sxy: list[float] = []
+        self.sdd: list[float] = []
+        self.sad: list[float] = []
+        self.srel: list[float] = []
+        self.mad = 0.0
+        self.mad_idx: int | None = None
+        self.mrel = 0.0
+        self.c1 = self.c5 = self.differ = self.mismatch = self.nonfin_x = self.nonfin_y = 0
+        self.first_diff: int | None = None
+        self.bitwise = True
+        self.dirty: set[int] = set()   # offsets of blocks holding NaN/Inf (zeroed again in revisits)
+        self.kld_todo: list[int] = []  # identical blocks met before the KLD normalisation was known
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """Σab in float64 (products of float32 values are exact) through BLAS, in rows of _ROW
+    elements: OpenBLAS hands a longer dot to its thread pool, whose threads spin on a busy host
+    (a 10001-element dot measured 60× slower per element than a 10000-element one, and it takes
+    a second core from training); one vecdot call for all rows keeps the Python overhead low.
+    Half the passes of multiply-then-sum; float64 accumulation, error ~1e-16 relative."""
+    n = a.size
+    k = n // _ROW
+    e = k * _ROW
+    s = 0.0
+    if k:
+        s = float(np.add.reduce(_rowdot(a[:e].reshape(k, _ROW), b[:e].reshape(k, _ROW)), axis=None))
+    if e < n:
+        s += float(np.dot(a[e:], b[e:]))
+    return s
+
+
+def _rowdot_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a[:, None, :], b[:, :, None])
+
+
+_rowdot = getattr(np, "vecdot", None) or _rowdot_matmul   # numpy >= 2.0 has vecdot
+
+
+def _zero_nonfinite(v: np.ndarray) -> int:
+    bad = ~np.isfinite(v)
+    k = int(np.count_nonzero(bad))
+    v[bad] = 0.0
+    return k
+
+
+def _block_range(side: Side, raw: np.ndarray, sc: Scratch) -> tuple[float, float]:
+    """(min, max) of one block's float32 values, NaN/Inf counted as 0 as pass 1 zeroes them.
+    Rounding to float32 is monotonic, so the raw extremes, rounded, are the rounded extremes."""
+    if not side.bf16:
+        lo, hi = np.minimum.reduce(raw), np.maximum.reduce(raw)
+        if not side.exact:
+            lo, hi = np.float32(lo), np.float32(hi)   # beyond float32's range: inf, handled below
+        if math.isfinite(lo) and math.isfinite(hi):
+            return float(lo), float(hi)
+    v = sc.z[:raw.size]
+    _widen(side, raw, v, sc)
+    _zero_nonfinite(v)
+    return float(np.minimum.reduce(v)), float(np.maximum.reduce(v))
+
+
+class Kld:
+    """KLD = T/Sa + log(Sb/Sa), T = Σ a·log(a/b), a and b the clamped min-max values, summed
+    block by block in pass 1 once a range pre-pass has found both sides' extremes.
+
+    With u = x − min_x (v likewise) and s = 1/(max − min), a = s_x·u wherever no element of a
+    block falls under the float32-eps clamp (known from the block minima of the pre-pass), so
+    Σ a·log(a/b) = s_x·(Σ u·log(u/v) + Σu·log(s_x/s_y)): no scaling or clamping per element,
+    one divide, one log, one dot. Blocks that reach the clamp take the literal definition."""
+
+    def __init__(self, sx_: Side, sy_: Side, x: np.ndarray, y: np.ndarray, n: int, sc: Scratch) -> None:
+        mn, mx = [math.inf, math.inf], [-math.inf, -math.inf]
+        self.bmin: dict[int, tuple[float, float]] = {}
+        for off, xr, yr in pairs(x, y, n):
+            (lx, hx), (ly, hy) = _block_range(sx_, xr, sc), _block_range(sy_, yr, sc)
+            self.bmin[off] = (lx, ly)
+            mn[0], mn[1], mx[0], mx[1] = min(mn[0], lx), min(mn[1], ly), max(mx[0], hx), max(mx[1], hy)
+        self.shift, self.scale = [0.0, 0.0], [1.0, 1.0]
+        for k in (0, 1):
+            if mx[k] > mn[k]:  # a constant side is left as is
+                self.shift[k], self.scale[k] = mn[k], 1.0 / (mx[k] - mn[k])
+        self.log_s = math.log(self.scale[0] / self.scale[1])
+        self.same_norm = self.shift[0] == self.shift[1] and self.scale[0] == self.scale[1]
+        self.sa: list[float] = []
+        self.sb: list[float] = []
+        self.t: list[float] = []
+
+    def _clamps(self, off: int) -> bool:
+        lx, ly = self.bmin[off]
+        return (lx - self.shift[0]) * self.scale[0] < 2 * EPS32 or (ly - self.shift[1]) * self.scale[1] < 2 * EPS32
+
+    def block(self, off: int, a: np.ndarray, b: np.ndarray, w: np.ndarray) -> None:
+        """One block's terms from its x values ``a`` and y values ``b``; ``a`` and ``w`` are
+        overwritten, ``b`` is kept."""
+        sh, sc = self.shift, self.scale
+        if self._clamps(off):
+            for v, k, dst in ((a, 0, a), (b, 1, w)):
+                np.subtract(v, sh[k], out=dst)
+                np.multiply(dst, sc[k], out=dst)
+                np.maximum(dst, EPS32, out=dst)
+            self.sa.append(float(np.add.reduce(a)))
+            self.sb.append(float(np.add.reduce(w)))
+            self.t.append(dot(a, np.log(np.divide(a, w, out=w), out=w)))
+            return
+        u, v = np.subtract(a, sh[0], out=a), np.subtract(b, sh[1], out=w)
+        s_u, s_v = float(np.add.reduce(u)), float(np.add.reduce(v))
+        t_u = dot(u, np.log(np.divide(u, v, out=v), out=v))
+        self.sa.append(sc[0] * s_u), self.sb.append(sc[1] * s_v)
+        self.t.append(sc[0] * (t_u + s_u * self.log_s))
+
+    def same_block(self, off: int, a: np.ndarray, b: np.ndarray, w: np.ndarray) -> None:
+        """A block whose values ``a`` are equal on both sides (``b``, ``w``: spare buffers)."""
+        if self.same_norm and not self._clamps(off):  # a == b: log(a/b) = 0, only Σa counts
+            s_u = self.scale[0] * float(np.add.reduce(np.subtract(a, self.shift[0], out=a)))
+            self.sa.append(s_u), self.sb.append(s_u)
+            return
+        np.copyto(b, a)
+        self.block(off, a, b, w)
+
+    def value(self) -> float:
+        s_a, s_b = math.fsum(self.sa), math.fsum(self.sb)
+        kld = math.fsum(self.t) / s_a + math.log(s_b / s_a)
+        return 0.0 if abs(kld) < EPS else kld
+
+
+def identical_block(sx_: Side, raw: np.ndarray, off: int, acc: Acc, sc: Scratch,
+                    kld: Kld | None) -> None:
+    """A block whose bytes are equal on both sides: only the norms, sums and KLD terms."""
+    m = raw.size
+    x = sc.x[:m]
+    _widen(sx_, raw, x, sc)
+    s = float(np.add.reduce(x))
+    if not math.isfinite(s):  # NaN/Inf at the same places on both sides: zeroed, all matched
+        k = _zero_nonfinite(x)
+        acc.nonfin_x += k
+        acc.nonfin_y += k
+        acc.dirty.add(off)
+        s = float(np.add.reduce(x))
+    q = dot(x, x)
+    acc.sx.append(s), acc.sy.append(s)
+    acc.sxx.append(q), acc.syy.append(q), acc.sxy.append(q)
+    acc.c1 += m
+    acc.c5 += m
+    if kld is None:
+        acc.kld_todo.append(off)  # KLD is 0 unless another block differs; then it is revisited
+    else:
+        kld.same_block(off, x, sc.y[:m], sc.z[:m])
+
+
+def general_block(sx_: Side, sy_: Side, xr: np.ndarray, yr: np.ndarray, off: int, acc: Acc,
+                  sc: Scratch, kld: Kld | None) -> None:
+    """Every metric's partials for one block in three float64 buffers rewritten in place
+    (z: x−y, |x−y|, the relative error, then KLD's y − min_y; x: x − min_x): ~30 numpy calls
+    on block-sized arrays, no temporaries."""
+    m = xr.size
+    x, y, z = sc.x[:m], sc.y[:m], sc.z[:m]
+    b1, b2 = sc.b1[:m], sc.b2[:m]
+    _widen(sx_, xr, x, sc)
+    _widen(sy_, yr, y, sc)
+    s_x, s_y = float(np.add.reduce(x)), float(np.add.reduce(y))
+    dirty = not (math.isfinite(s_x) and math.isfinite(s_y))
+    # exact value comparison, in the original precision where float32 would round (two native
+    # float32 blocks compare as they are: half the bytes of their float64 copies)
+    if sx_.code == sy_.code == "f4" and xr.dtype.isnative and yr.dtype.isnative:
+        vx, vy = xr, yr
+    else:
+        vx = x if sx_.exact else (xr if xr.dtype.isnative else xr.astype(xr.dtype.newbyteorder("=")))
+        vy = y if sy_.exact else (yr if yr.dtype.isnative else yr.astype(yr.dtype.newbyteorder("=")))
+    ne = np.not_equal(vx, vy, out=b1)
+    if dirty:
+        ne &= ~(np.isnan(vx) & np.isnan(vy))
+    nd = int(np.count_nonzero(ne))
+    if nd:
+        acc.differ += nd
+        if acc.first_diff is None:
+            acc.first_diff = off + int(np.argmax(ne))
+    if dirty:
+        acc.dirty.add(off)
+        fx, fy = np.isfinite(x), np.isfinite(y)
+        same = (np.isnan(x) & np.isnan(y)) | (x == y)
+        acc.mismatch += int(np.count_nonzero(~(fx & fy) & ~same))
+        acc.nonfin_x += _zero_nonfinite(x)
+        acc.nonfin_y += _zero_nonfinite(y)
+        s_x, s_y = float(np.add.reduce(x)), float(np.add.reduce(y))
+    acc.sx.append(s_x), acc.sy.append(s_y)
+    acc.sxx.append(dot(x, x)), acc.syy.append(dot(y, y)), acc.sxy.append(dot(x, y))
+    d = np.subtract(x, y, out=z)  # exact: float32 values, float64 difference
+    acc.sdd.append(dot(d, d))
+    np.abs(d, out=d)
+    acc.sad.append(float(np.add.reduce(d)))
+    top = float(np.maximum.reduce(d))
+    if top > acc.mad:  # the first block to reach a new maximum keeps the first index
+        acc.mad, acc.mad_idx = top, off + int(np.argmax(d))
+    small = np.less_equal(y, EPS, out=b2)  # |y| <= eps, without a buffer for |y|
+    small &= np.greater_equal(y, -EPS, out=b1)
+    ns = int(np.count_nonzero(small))
+    if ns:
+        idx = np.flatnonzero(small)
+        zx = d[idx][y[idx] == 0] / EPS   # |x| / eps where y == 0: msprobe adds eps to both sides
+        acc.c1 += int(np.count_nonzero(zx < RATIO_THRESHOLDS[0]))
+        acc.c5 += int(np.count_nonzero(zx < RATIO_THRESHOLDS[1]))
+    r = np.abs(np.divide(d, y, out=d), out=d)  # |x−y|/|y|; y == 0: inf or nan, not "below"
+    acc.c1 += int(np.count_nonzero(np.less(r, RATIO_THRESHOLDS[0], out=b1)))
+    acc.c5 += int(np.count_nonzero(np.less(r, RATIO_THRESHOLDS[1], out=b1)))
+    if ns:
+        r[idx] = 0.0  # msaccucmp: |y| <= eps contributes 0
+    acc.srel.append(float(np.add.reduce(r)))
+    acc.mrel = max(acc.mrel, float(np.maximum.reduce(r)))
+    if kld is not None:
+        kld.block(off, x, y, z)
+
+
+def revisit_identical(sx_: Side, x: np.ndarray, y: np.ndarray, n: int, acc: Acc, sc: Scratch,
+                      kld: Kld) -> None:
+    """KLD terms of the identical blocks met before the first differing one."""
+    todo = set(acc.kld_todo)
+    for off, xr, _ in pairs(x, y, n):
+        if off in todo:
+            m = xr.size
+            a = sc.x[:m]
+            _widen(sx_, xr, a, sc)
+            if off in acc.dirty:
+                _zero_nonfinite(a)
+            kld.same_block(off, a, sc.y[:m], sc.z[:m])
+
+
+def same_bytes(xr: np.ndarray, yr: np.ndarray, uview: np.dtype, buf: np.ndarray) -> bool:
+    """Bitwise equality of two blocks, compared as 8-byte words where the length allows."""
+    if xr.nbytes % 8 == 0 and xr.flags.c_contiguous and yr.flags.c_contiguous:
+        uview = np.dtype(np.uint64)
+    a, b = xr.view(uview), yr.view(uview)
+    return not np.not_equal(a, b, out=buf[:a.size]).any()
