@@ -8,7 +8,6 @@ the lower priority number wins (specific producers before generic fallbacks).
 from __future__ import annotations
 
 import functools
-from itertools import filterfalse
 from operator import attrgetter
 
 from ...registry import discover
@@ -102,8 +101,8 @@ class CompositeParser:
         fallbacks never rescan what a specific producer already read."""
         merged: list[Record] = []
         current = block
-        probe = block.text
-        lines: list[str] | None = None
+        probe = text = block.text
+        claimed: dict[int, int] = {}  # start -> end of every line claimed so far
         for parser in self.parsers:
             if not parser.wants(probe):  # keywords are looked for in unclaimed lines only
                 continue
@@ -118,18 +117,30 @@ class CompositeParser:
                 continue
             self.counts[parser.name] = self.counts.get(parser.name, 0) + len(records)
             merged.extend(records)
-            if lines is None:
-                lines = block.text.split("\n")
-            first = block.first_line
-            for ln in {r.line for r in records}:
-                i = ln - first
-                lines[i] = " " * len(lines[i])
-            current = block.with_text("\n".join(lines))
-            # whitespace-only lines hold no keyword, and no keyword spans a newline
-            probe = "\n".join(filterfalse(str.isspace, lines))
+            for r in records:  # a record's line is the line of its position
+                start = text.rfind("\n", 0, r.pos) + 1
+                if start not in claimed:
+                    end = text.find("\n", r.pos)
+                    claimed[start] = len(text) if end < 0 else end
+            current, probe = _without(block, sorted(claimed.items()))
         if len(merged) > 1:  # timsort: one C-level pass when already in order
             merged.sort(key=_BY_POS)  # positions share one layout: text order is line order
         return merged
+
+
+def _without(block: Block, spans: list[tuple[int, int]]) -> tuple[Block, str]:
+    """``block`` with the given line spans blanked, and the text of the other lines only
+    (whole lines, so no keyword is cut or made up). Slices and joins: no per-line work."""
+    text, blanked, rest, prev = block.text, [], [], 0
+    for start, end in spans:
+        piece = text[prev:start]
+        blanked.append(piece)
+        blanked.append(" " * (end - start))
+        rest.append(piece)
+        prev = end
+    blanked.append(text[prev:])
+    rest.append(text[prev:])
+    return block.with_text("".join(blanked)), "".join(rest)
 
 
 @functools.lru_cache(maxsize=512)

@@ -47,15 +47,14 @@ _TS_CACHE: dict[str, float] = {}  # "YYYY-MM-DD HH:MM" -> seconds; stamps share 
 _TS_CACHE_MAX = 4096
 
 
-def _stamp_seconds(m: re.Match[str]) -> float | None:
-    """Seconds (as if UTC) of a ``_TS_RE`` match; the minute is converted once per minute.
-    (Every field has a fixed width, so the seconds and fraction are found by position.)"""
-    s = m.group(0)
+def _stamp_seconds(s: str) -> float | None:
+    """Seconds (as if UTC) of a stamp ``_TS_RE`` matched; the minute is converted once per
+    minute. Every field has a fixed width, so each is found by position."""
     base = _TS_CACHE.get(s[:16])
     if base is None:
-        y, mo, d, hh, mm = m.group(1, 2, 3, 4, 5)
         try:
-            base = float(calendar.timegm((int(y), int(mo), int(d), 0, 0, 0)) + int(hh) * 3600 + int(mm) * 60)
+            day = calendar.timegm((int(s[:4]), int(s[5:7]), int(s[8:10]), 0, 0, 0))
+            base = float(day + int(s[11:13]) * 3600 + int(s[14:16]) * 60)
         except (ValueError, OverflowError):
             return None
         if len(_TS_CACHE) >= _TS_CACHE_MAX:
@@ -122,24 +121,29 @@ class Block:
         if start is None:
             start = self.line_start(pos)
         m = _TS_RE.search(self.text, start, min(pos, start + 120) if pos > start else start + 120)
-        return _stamp_seconds(m) if m else None
+        return _stamp_seconds(m.group()) if m else None
 
     def record(self, pos: int, step: int | None, producer: str,
-               values: list[tuple[str, float, tuple[tuple[str, Any], ...]]] | None = None) -> Record:
+               values: list[tuple[str, float, tuple[tuple[str, Any], ...]]] | None = None,
+               stamp: str | None = None) -> Record:
         """A record for a match at ``pos`` with its line number, stamp and rank: ``line_of``,
-        ``log_time_at`` and ``rank_at`` in one call, as it runs once per record."""
+        ``log_time_at`` and ``rank_at`` in one call, as it runs once per record. A caller whose
+        match already showed that the line starts with blanks and ``[stamp]`` passes ``stamp``:
+        it is then the line's first stamp, and there is no rank prefix to look for."""
         text = self.text
-        start = text.rfind("\n", 0, pos) + 1
         cur = self._cur_pos
         if pos >= cur:
             line = self._cur_line + text.count("\n", cur, pos)
         else:
             line = self.first_line + bisect.bisect_left(self._newlines(), pos)
         self._cur_pos, self._cur_line = pos, line
+        if stamp is not None:
+            return Record(line, pos, [] if values is None else values, step, _stamp_seconds(stamp), None, producer)
+        start = text.rfind("\n", 0, pos) + 1
         m = _TS_SEARCH(text, start, pos if start < pos < start + 120 else start + 120)
         r = _RANK_MATCH(text, start, pos + 1 if pos < start + 40 else start + 40)
         return Record(line, pos, [] if values is None else values, step,
-                      _stamp_seconds(m) if m else None, r.group(1) if r else None, producer)
+                      _stamp_seconds(m.group()) if m else None, r.group(1) if r else None, producer)
 
 
 @dataclass(slots=True)

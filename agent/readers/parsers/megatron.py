@@ -38,11 +38,14 @@ assert not any(o.endswith(k) for o in _OTHERS for k in _KNOWN)
 # the captured ``lm loss`` segment, and its value up to the next ``|`` is the captured group: both
 # paths read the same numbers. Possessive quantifiers: a segment can be read one way only, so a
 # line of another shape fails fast, and the second branch hands its rest to the general path.
-_OTHER = r"[ \t]*(?:" + "|".join(map(re.escape, _OTHERS)) + r"):[^|:\n]*+\|"
-_SHAPE = (f"(?:{_OTHER})*+" + "".join(f"(?:[ \\t]*{k}:([^|:\\n]*+)\\|)?+(?:{_OTHER})*+" for k in _KNOWN)
+_OTHER = r"[ \t]*+(?:" + "|".join(map(re.escape, _OTHERS)) + r"):[^|:\n]*+\|"
+_SHAPE = (f"(?:{_OTHER})*+" + "".join(f"(?:[ \\t]*+{k}:([^|:\\n]*+)\\|)?+(?:{_OTHER})*+" for k in _KNOWN)
           + r"[^|:\n]*+(?![^\n])")
-# "iteration" not preceded by a word character (as \b, but a leading literal lets re skip ahead fast)
-_ITER_RE = re.compile(r"iteration(?<!\witeration)\s+(\d+)\s*/\s*(\d+)\s*\|" f"(?:{_SHAPE}|([^\\n]*))")
+# "iteration" not preceded by a word character (as \b, but a leading literal lets re skip ahead
+# fast); the stamp of Megatron's usual `` [YYYY-MM-DD HH:MM:SS] iteration`` prefix is captured
+_ITER_RE = re.compile(r"iteration(?:(?<=\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)\] iteration)|(?<!\witeration))"
+                      r"\s+(\d+)\s*/\s*(\d+)\s*\|" f"(?:{_SHAPE}|([^\\n]*))")
+_STAMPED = len("[YYYY-MM-DD HH:MM:SS] ")
 
 
 def _field(rest: str, key: str) -> float | None:
@@ -101,7 +104,7 @@ class MegatronParser(Parser):
         out: list[Record] = []
         text, name, new = block.text, self.name, block.record
         for m in _ITER_RE.finditer(text):
-            step, _total, lr, loss, scale, gnorm, skipped, nans, rest = m.groups()
+            stamp, step, _total, lr, loss, scale, gnorm, skipped, nans, rest = m.groups()
             if rest is None:
                 try:  # inline for the common case: all four present and plain numbers, counters 0
                     values = [(LOSS, float(loss), ()), (LOSS_SCALE, float(scale), ()),  # type: ignore[arg-type]
@@ -114,7 +117,13 @@ class MegatronParser(Parser):
                     values = _shaped(lr, loss, scale, gnorm, skipped, nans)
             elif (values := _general(rest)) is None:
                 continue
-            out.append(new(m.start(), int(step), name, values))
+            pos = m.start()
+            if stamp is not None:  # the stamp counts only as the first thing on its line
+                bracket = pos - _STAMPED
+                start = text.rfind("\n", 0, bracket) + 1
+                if pos >= start + 120 or (bracket != start and not text[start:bracket].isspace()):
+                    stamp = None
+            out.append(new(pos, int(step), name, values, stamp))
         if "validation loss" in text:
             for m in _VALID_RE.finditer(text):
                 if (v := _field(m.group(2), "lm loss value:")) is None:
