@@ -404,6 +404,18 @@ def test_kld_clamp_and_constant_sides(block):
     check(x, tiny, block=block)
 
 
+@pytest.mark.parametrize("block", [5, 2048, DEFAULT_BLOCK])
+def test_kld_on_a_narrow_range_far_from_zero(block):
+    """16 ± 0.01: Σ(x − min) would come from Σx − m·min with heavy cancellation, so the block
+    sums x − min itself; zero-centred data takes Σx (both against the reference)."""
+    rng = np.random.default_rng(15)
+    x = (16 + rng.uniform(-0.01, 0.01, 6_000)).astype(np.float32)
+    y = x.copy()
+    y[3_000:] += np.float32(2 ** -19)            # one float32 step, in the second half only
+    d = check(x, y, block=block)
+    assert d.metrics["KullbackLeiblerDivergence"] > 0
+    check(x - np.float32(16), y - np.float32(16), block=block)
+
 def test_range_pre_pass_rounds_like_the_values():
     """Range from raw float64 / int / half / big-endian data equals the range of the float32
     values (NaN/Inf zeroed, float64 beyond float32's range counted as Inf)."""

@@ -117,7 +117,8 @@ class Acc:
         self.first_diff: int | None = None
         self.bitwise = True
         self.dirty: set[int] = set()   # offsets of blocks holding NaN/Inf (zeroed again in revisits)
-        self.kld_todo: list[int] = []  # identical blocks met before the KLD normalisation was known
+        # identical blocks met before the KLD normalisation was known: (offset, size, Σx)
+        self.kld_todo: list[tuple[int, int, float]] = []
 
 
 def dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -187,6 +188,7 @@ class Kld:
             if mx[k] > mn[k]:  # a constant side is left as is
                 self.shift[k], self.scale[k] = mn[k], 1.0 / (mx[k] - mn[k])
         self.log_s = math.log(self.scale[0] / self.scale[1])
+        self.mag = [max(abs(mn[k]), abs(mx[k])) for k in (0, 1)]
         self.same_norm = self.shift[0] == self.shift[1] and self.scale[0] == self.scale[1]
         self.sa: list[float] = []
         self.sb: list[float] = []
@@ -196,10 +198,18 @@ class Kld:
         lx, ly = self.bmin[off]
         return (lx - self.shift[0]) * self.scale[0] < 2 * EPS32 or (ly - self.shift[1]) * self.scale[1] < 2 * EPS32
 
-    def block(self, off: int, a: np.ndarray, b: np.ndarray, w: np.ndarray) -> None:
-        """One block's terms from its x values ``a`` and y values ``b``; ``a`` and ``w`` are
-        overwritten, ``b`` is kept."""
-        sh, sc = self.shift, self.scale
+    def _shifted_sum(self, k: int, s: float, m: int) -> float | None:
+        """Σ(v − min_v) of a block from its Σv, where cancellation costs at most ~1e-12 of it:
+        Σv's error is below ~25·2⁻⁵³·m·max|v|, so Σ(v − min) must reach 3e-3·m·max|v|.
+        Zero-centred data passes; data like 1 ± 1e-4 sums u itself (None)."""
+        s_u = s - m * self.shift[k]
+        return s_u if s_u >= 3e-3 * m * self.mag[k] else None
+
+    def block(self, off: int, a: np.ndarray, b: np.ndarray, w: np.ndarray, s_x: float,
+              s_y: float) -> None:
+        """One block's terms from its x values ``a`` and y values ``b`` (sums ``s_x``, ``s_y``);
+        ``a`` and ``w`` are overwritten, ``b`` is kept."""
+        sh, sc, m = self.shift, self.scale, a.size
         if self._clamps(off):
             for v, k, dst in ((a, 0, a), (b, 1, w)):
                 np.subtract(v, sh[k], out=dst)
@@ -210,19 +220,29 @@ class Kld:
             self.t.append(dot(a, np.log(np.divide(a, w, out=w), out=w)))
             return
         u, v = np.subtract(a, sh[0], out=a), np.subtract(b, sh[1], out=w)
-        s_u, s_v = float(np.add.reduce(u)), float(np.add.reduce(v))
+        s_u, s_v = self._shifted_sum(0, s_x, m), self._shifted_sum(1, s_y, m)
+        if s_u is None:
+            s_u = float(np.add.reduce(u))
+        if s_v is None:
+            s_v = float(np.add.reduce(v))
         t_u = dot(u, np.log(np.divide(u, v, out=v), out=v))
         self.sa.append(sc[0] * s_u), self.sb.append(sc[1] * s_v)
         self.t.append(sc[0] * (t_u + s_u * self.log_s))
 
-    def same_block(self, off: int, a: np.ndarray, b: np.ndarray, w: np.ndarray) -> None:
-        """A block whose values ``a`` are equal on both sides (``b``, ``w``: spare buffers)."""
-        if self.same_norm and not self._clamps(off):  # a == b: log(a/b) = 0, only Σa counts
-            s_u = self.scale[0] * float(np.add.reduce(np.subtract(a, self.shift[0], out=a)))
-            self.sa.append(s_u), self.sb.append(s_u)
-            return
-        np.copyto(b, a)
-        self.block(off, a, b, w)
+    def same_free(self, off: int, m: int, s: float) -> bool:
+        """Add the terms of a block equal on both sides from its size and Σx alone, if it can:
+        with one normalisation a == b there, so log(a/b) = 0 and only Σa counts."""
+        s_u = self._shifted_sum(0, s, m) if self.same_norm and not self._clamps(off) else None
+        if s_u is None:
+            return False
+        self.sa.append(self.scale[0] * s_u), self.sb.append(self.scale[0] * s_u)
+        return True
+
+    def same_block(self, off: int, a: np.ndarray, b: np.ndarray, w: np.ndarray, s: float) -> None:
+        """A block whose values ``a`` (sum ``s``) are equal on both sides (``b``, ``w``: spare)."""
+        if not self.same_free(off, a.size, s):
+            np.copyto(b, a)
+            self.block(off, a, b, w, s, s)
 
     def value(self) -> float:
         s_a, s_b = math.fsum(self.sa), math.fsum(self.sb)
@@ -249,9 +269,9 @@ def identical_block(sx_: Side, raw: np.ndarray, off: int, acc: Acc, sc: Scratch,
     acc.c1 += m
     acc.c5 += m
     if kld is None:
-        acc.kld_todo.append(off)  # KLD is 0 unless another block differs; then it is revisited
+        acc.kld_todo.append((off, m, s))  # KLD is 0 unless another block differs: then revisited
     else:
-        kld.same_block(off, x, sc.y[:m], sc.z[:m])
+        kld.same_block(off, x, sc.y[:m], sc.z[:m], s)
 
 
 def general_block(sx_: Side, sy_: Side, xr: np.ndarray, yr: np.ndarray, off: int, acc: Acc,
@@ -314,13 +334,16 @@ def general_block(sx_: Side, sy_: Side, xr: np.ndarray, yr: np.ndarray, off: int
     acc.srel.append(float(np.add.reduce(r)))
     acc.mrel = max(acc.mrel, float(np.maximum.reduce(r)))
     if kld is not None:
-        kld.block(off, x, y, z)
+        kld.block(off, x, y, z, s_x, s_y)
 
 
 def revisit_identical(sx_: Side, x: np.ndarray, y: np.ndarray, n: int, acc: Acc, sc: Scratch,
                       kld: Kld) -> None:
-    """KLD terms of the identical blocks met before the first differing one."""
-    todo = set(acc.kld_todo)
+    """KLD terms of the identical blocks met before the first differing one (read again only
+    where their Σx cannot give them)."""
+    todo = {off: s for off, m, s in acc.kld_todo if not kld.same_free(off, m, s)}
+    if not todo:
+        return
     for off, xr, _ in pairs(x, y, n):
         if off in todo:
             m = xr.size
@@ -328,7 +351,7 @@ def revisit_identical(sx_: Side, x: np.ndarray, y: np.ndarray, n: int, acc: Acc,
             _widen(sx_, xr, a, sc)
             if off in acc.dirty:
                 _zero_nonfinite(a)
-            kld.same_block(off, a, sc.y[:m], sc.z[:m])
+            kld.same_block(off, a, sc.y[:m], sc.z[:m], todo[off])
 
 
 def same_bytes(xr: np.ndarray, yr: np.ndarray, uview: np.dtype, buf: np.ndarray) -> bool:
