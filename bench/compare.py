@@ -2,17 +2,23 @@
 against numpy's ``a.sum() + b.sum()`` over the same two arrays, in the same run (goal ratio >= 0.3).
 
 Two pairs: *identical* (a rerun that reproduced bit for bit: the bitwise fast path) and
-*different* (every element off by ~1e-3 relative: all metrics, plus the KLD second pass). The
-traced peak of Python/numpy allocations during a compare shows the working memory is
-block-sized, whatever the array size.
+*different* (every element off by ~1e-3 relative: every metric, after a min/max pre-pass for
+KLD). Each round times the sum, then both compares, so they share the host's conditions; best
+of N by wall time and, separately, by CPU time of this process (steadier on a shared host,
+where another job can take the core mid-run). The traced peak of Python/numpy allocations
+during a compare shows the working memory is block-sized, whatever the array size.
+
+``--ops`` adds where the time goes: each numpy pass the different pair makes per block, timed
+alone on block-sized buffers (CPU ns per element), times how often it runs per element pair.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 import tracemalloc
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -21,7 +27,64 @@ from . import common
 GOAL_RATIO = 0.3
 
 
-def run(size_mib: int = 256, repeat: int = 3, block: int | None = None) -> dict[str, Any]:
+def _best(fns: dict[str, Callable[[], Any]], repeat: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Best wall and best CPU seconds of each function, the functions interleaved per round."""
+    wall = {k: float("inf") for k in fns}
+    cpu = dict(wall)
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            wall[k] = min(wall[k], time.perf_counter() - t)
+            cpu[k] = min(cpu[k], time.process_time() - c)
+    return wall, cpu
+
+
+def op_table(a: np.ndarray, b: np.ndarray, block: int, repeat: int = 7) -> list[dict[str, Any]]:
+    """CPU ns per element of each kind of pass a different block makes (in cache, one block),
+    and how many of it one element pair costs in ``compare_arrays`` (see compare/blocks.py)."""
+    from precision_agent.compare.blocks import dot
+
+    m = min(block, a.size)
+    xr, yr = np.ascontiguousarray(a[:m]), np.ascontiguousarray(b[:m])
+    x, y, z = xr.astype(np.float64), yr.astype(np.float64), np.empty(m)
+    d = np.abs(x - y)
+    r = d / np.abs(y)
+    b1, b2 = np.empty(m, np.bool_), np.empty(m, np.bool_)
+    u64x, u64y = xr.view(np.uint64), yr.view(np.uint64)
+    ops: list[tuple[str, float, Callable[[], Any]]] = [
+        ("pre-pass min or max of raw float32", 4, lambda: np.minimum.reduce(xr)),
+        ("bitwise check (8-byte words !=, any), per pair", 1,
+         lambda: np.not_equal(u64x, u64y, out=b1[:m // 2]).any()),
+        ("widen float32 -> float64", 2, lambda: np.copyto(z, xr)),
+        ("sum (add.reduce float64)", 4, lambda: np.add.reduce(x)),
+        ("sum of products (vecdot, rows of 8192)", 5, lambda: dot(x, y)),
+        ("not_equal raw float32 -> bool", 1, lambda: np.not_equal(xr, yr, out=b1)),
+        ("compare float64 with a scalar -> bool", 4, lambda: np.less(r, 0.001, out=b1)),
+        ("bool and", 1, lambda: np.logical_and(b1, b2, out=b2)),
+        ("count_nonzero(bool)", 4, lambda: np.count_nonzero(b1)),
+        ("subtract array - array", 1, lambda: np.subtract(x, y, out=z)),
+        ("subtract scalar", 2, lambda: np.subtract(x, 0.5, out=z)),
+        ("abs", 2, lambda: np.abs(x, out=z)),
+        ("max (maximum.reduce)", 2, lambda: np.maximum.reduce(d)),
+        ("divide", 2, lambda: np.divide(d, y, out=z)),
+        ("log float64", 1, lambda: np.log(d, out=z)),
+    ]
+    rows = []
+    with np.errstate(all="ignore"):
+        for name, per_pair, fn in ops:
+            best = float("inf")
+            for _ in range(repeat):
+                c = time.process_time()
+                for _ in range(20):
+                    fn()
+                best = min(best, (time.process_time() - c) / 20)
+            ns = best / m * 1e9
+            rows.append({"op": name, "ns_per_element": ns, "per_pair": per_pair, "ns_per_pair": ns * per_pair})
+    return rows
+
+
+def run(size_mib: int = 256, repeat: int = 3, block: int | None = None, ops: bool = False) -> dict[str, Any]:
     from precision_agent.compare.metrics import DEFAULT_BLOCK, compare_arrays
 
     block = block or DEFAULT_BLOCK
@@ -29,56 +92,78 @@ def run(size_mib: int = 256, repeat: int = 3, block: int | None = None) -> dict[
     rng = np.random.default_rng(0)
     a = rng.standard_normal(n, dtype=np.float32)
     same = a.copy()
-    t_sum = common.best_of(lambda: (a.sum(), same.sum()), repeat)
-    t_same = common.best_of(lambda: compare_arrays(a, same, block_elems=block), repeat)
-    del same
     b = a + rng.standard_normal(n, dtype=np.float32) * np.float32(1e-3)
-    t_sum_b = common.best_of(lambda: (a.sum(), b.sum()), repeat)
-    t_diff = common.best_of(lambda: compare_arrays(a, b, block_elems=block), repeat)
+    wall, cpu = _best({"sum": lambda: (a.sum(), b.sum()),
+                       "identical": lambda: compare_arrays(a, same, block_elems=block),
+                       "different": lambda: compare_arrays(a, b, block_elems=block)}, repeat)
+    del same
     tracemalloc.start()
     d = compare_arrays(a, b, block_elems=block)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    t_sum = min(t_sum, t_sum_b)
-    return {
+    res: dict[str, Any] = {
         "bench": "compare", "date": common.now_iso(), "host": common.host_info(),
         "params": {"size_mib": size_mib, "elements": n, "repeat": repeat, "block_elems": block},
         "goal": {"ratio": GOAL_RATIO},
-        "sum_s": t_sum, "sum_gb_per_s": 2 * n * 4 / t_sum / 1e9,
-        "identical_s": t_same, "different_s": t_diff,
+        "sum_s": wall["sum"], "sum_gb_per_s": 2 * n * 4 / wall["sum"] / 1e9,
+        "identical_s": wall["identical"], "different_s": wall["different"],
+        "cpu_s": cpu,
+        "ns_per_pair": {k: v / n * 1e9 for k, v in wall.items()},
         "different_cosine": d.metrics["CosineSimilarity"], "different_kld": d.metrics["KullbackLeiblerDivergence"],
         "peak_traced_bytes": peak,
-        "ratios": {"identical_to_sum": t_sum / t_same, "different_to_sum": t_sum / t_diff},
+        "ratios": {"identical_to_sum": wall["sum"] / wall["identical"],
+                   "different_to_sum": wall["sum"] / wall["different"]},
+        "cpu_ratios": {"identical_to_sum": cpu["sum"] / max(cpu["identical"], 1e-9),
+                       "different_to_sum": cpu["sum"] / max(cpu["different"], 1e-9)},
     }
+    if ops:
+        res["ops"] = op_table(a, b, block)
+    return res
 
 
 def report(res: dict[str, Any]) -> str:
-    p, r = res["params"], res["ratios"]
+    p, r, c, ns = res["params"], res["ratios"], res["cpu_ratios"], res["ns_per_pair"]
 
     def verdict(v: float) -> str:
         return "within goal" if v >= GOAL_RATIO else "BELOW GOAL"
 
-    return "\n".join([
+    lines = [
         f"compare: two {p['size_mib']} MiB fp32 arrays, block {p['block_elems']} elements, best of {p['repeat']}",
-        f"  a.sum() + b.sum() {res['sum_s']:.3f} s ({res['sum_gb_per_s']:.1f} GB/s over both)",
-        f"  identical pair (bitwise fast path): {res['identical_s']:.3f} s, throughput / sum: "
-        f"{r['identical_to_sum']:.3f} (goal >= {GOAL_RATIO}: {verdict(r['identical_to_sum'])})",
-        f"  different pair (all metrics + KLD pass): {res['different_s']:.3f} s, throughput / sum: "
-        f"{r['different_to_sum']:.3f} (goal >= {GOAL_RATIO}: {verdict(r['different_to_sum'])})",
+        f"  a.sum() + b.sum() {res['sum_s']:.3f} s ({res['sum_gb_per_s']:.1f} GB/s over both, "
+        f"{ns['sum']:.2f} ns per element pair)",
+        f"  identical pair (bitwise fast path): {res['identical_s']:.3f} s ({ns['identical']:.2f} ns/pair), "
+        f"throughput / sum: {r['identical_to_sum']:.3f} (goal >= {GOAL_RATIO}: {verdict(r['identical_to_sum'])}); "
+        f"by CPU time {c['identical_to_sum']:.3f}",
+        f"  different pair (all metrics, KLD pre-pass): {res['different_s']:.3f} s ({ns['different']:.2f} ns/pair), "
+        f"throughput / sum: {r['different_to_sum']:.3f} (goal >= {GOAL_RATIO}: {verdict(r['different_to_sum'])}); "
+        f"by CPU time {c['different_to_sum']:.3f}",
         f"  traced peak allocation during a compare: {res['peak_traced_bytes'] / common.MB:.2f} MB",
-    ])
+    ]
+    if "ops" in res:
+        lines.append("  where a different pair's time goes (each pass alone, in cache, CPU ns):")
+        lines.append(f"    {'pass':48s} {'ns/elem':>8s} {'x per pair':>10s} {'ns/pair':>8s}")
+        for o in res["ops"]:
+            lines.append(f"    {o['op']:48s} {o['ns_per_element']:8.3f} {o['per_pair']:10g} {o['ns_per_pair']:8.3f}")
+        total = sum(o["ns_per_pair"] for o in res["ops"])
+        mem = 2 * res["cpu_s"]["sum"] / p["elements"] * 1e9
+        measured = res["cpu_s"]["different"] / p["elements"] * 1e9
+        lines.append(f"    {'passes in cache, total':48s} {'':8s} {'':10s} {total:8.3f}")
+        lines.append(f"    {'+ two reads of both arrays (2 x sum time)':48s} {'':8s} {'':10s} {mem:8.3f}")
+        lines.append(f"    {'measured (CPU), the rest is Python and misses':48s} {'':8s} {'':10s} {measured:8.3f}")
+    return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size-mib", type=int, default=None, help="size of each fp32 array (default 256, quick 16)")
     p.add_argument("--repeat", type=int, default=None, help="best of N (default 3, quick 1)")
     p.add_argument("--block", type=int, default=None, help="compare block_elems (default: the module's)")
+    p.add_argument("--ops", action="store_true", help="also time each numpy pass alone (where the time goes)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     q = args.quick
     return run(size_mib=args.size_mib or (16 if q else 256), repeat=args.repeat or (1 if q else 3),
-               block=args.block)
+               block=args.block, ops=args.ops)
 
 
 def main(argv: list[str] | None = None) -> int:
