@@ -437,12 +437,18 @@ def test_range_pre_pass_rounds_like_the_values():
 
 
 @pytest.mark.parametrize("n", [0, 1, 8191, 8192, 8193, 3 * 8192 + 7])
-def test_float64_dot_in_rows_is_the_exact_sum(n):
-    from precision_agent.compare.blocks import dot as _dot   # rows of 8192 through BLAS, then the rest
+@pytest.mark.parametrize("rows", ["vecdot", "loop"])
+def test_float64_dot_in_rows_is_the_exact_sum(n, rows, monkeypatch):
+    from precision_agent.compare import blocks   # rows of 8192 through BLAS, then the rest
+    if rows == "loop":                            # what numpy < 2.0 (no vecdot) runs
+        monkeypatch.setattr(blocks, "_rowdot", blocks._rowdot_loop)
     rng = np.random.default_rng(n)
     a = rng.standard_normal(n).astype(np.float32).astype(np.float64)
     b = rng.standard_normal(n).astype(np.float32).astype(np.float64)
-    assert _dot(a, b) == pytest.approx(math.fsum((a * b).tolist()), rel=1e-13, abs=1e-12)
+    assert blocks.dot(a, b) == pytest.approx(math.fsum((a * b).tolist()), rel=1e-13, abs=1e-12)
+    if rows == "loop" and n > 8192:
+        x, y = _noisy(n, 16)
+        check(x, y)
 
 
 # -- statistics mode ----------------------------------------------------------------------------
