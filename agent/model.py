@@ -64,6 +64,7 @@ class Sample:
     time: float = 0.0            # ingestion wall-clock time (seconds since epoch)
     log_time: float | None = None  # timestamp printed on the line, if any
     attrs: tuple[tuple[str, Any], ...] = ()
+    producer: str = ""           # the parser that read it (a log format name); "" when not from a log
 
     def attr(self, key: str, default: Any = None) -> Any:
         for k, v in self.attrs:

@@ -163,5 +163,5 @@ class LogStream:
                 src = SourcePos(path, rec.line)
                 step, log_time = rec.step, rec.log_time
                 for metric, value, attrs in rec.values:
-                    append(Sample(labels, metric, value, step, src, t, log_time, attrs))
+                    append(Sample(labels, metric, value, step, src, t, log_time, attrs, rec.producer))
         return out
