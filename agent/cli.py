@@ -149,6 +149,13 @@ class _ProgressBar:
         sys.stderr.flush()
 
 
+def _threads(text: str) -> int:
+    n = int(text) if text.isdigit() else 0
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of threads from 1 to 64")
+    return n
+
+
 def cmd_scan(args: argparse.Namespace) -> int:
     from .dumps.scan import format_report, scan
     from .rulefile import load_rules
@@ -166,7 +173,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
             print(f"precision-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
     show = args.progress or (args.progress is None and sys.stderr.isatty())
-    result = scan(path, args.step, rules, progress=_ProgressBar(args.progress is True) if show else None)
+    result = scan(path, args.step, rules, progress=_ProgressBar(args.progress is True) if show else None,
+                  threads=args.threads)
     if args.json:
         json.dump(json_safe(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -212,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--rules", action="append", metavar="DIR", help="rule directory (default: shipped rules)")
     sc.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: when stderr is a terminal)")
+    sc.add_argument("--threads", type=_threads, default=1, metavar="N",
+                    help="scanner threads per tensor (default 1; the daemon always uses 1)")
     sc.set_defaults(func=cmd_scan)
 
     from .compare.cli import add_parser as add_compare

@@ -118,3 +118,33 @@ def test_scheduler_does_not_scan_a_directory_written_moments_ago(tmp_path):
     sched.touched(str(tmp_path / "a.npy"), now=0.0)      # e.g. found by a resync: no event time
     sched.due()
     assert sched.queue.empty() and sched.pending        # still pending until the file is 60 s old
+
+
+def test_scan_threads_give_the_same_statistics(tmp_path):
+    """`scan --threads N` splits each tensor's pass; counts, extremes and sums do not change."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(3_000_017).astype(np.float32)
+    a[[7, 2_000_000]] = [np.nan, np.inf]
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", rng.standard_normal(1_000_003).astype(np.float16))
+
+    def run(*extra):
+        out = subprocess.run([sys.executable, "-m", "precision_agent", "scan", "--json", *extra, str(tmp_path)],
+                             capture_output=True, text=True, timeout=120)
+        return {t["name"]: t for t in json.loads(out.stdout)["tensors"]}
+
+    one, two = run(), run("--threads", "3")
+    assert one.keys() == two.keys() == {"a.npy", "b.npy"}
+    for name in one:
+        for k in ("count", "nan", "pos_inf", "neg_inf", "min", "max", "zero_fraction", "fp16_saturated"):
+            assert one[name][k] == two[name][k], (name, k)
+        assert abs(one[name]["mean"] - two[name]["mean"]) <= 1e-5 * max(1.0, abs(one[name]["mean"]))
+    assert one["a.npy"]["nan"] == 1 and one["a.npy"]["pos_inf"] == 1
+    bad = subprocess.run([sys.executable, "-m", "precision_agent", "scan", "--threads", "0", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "threads" in bad.stderr

@@ -144,13 +144,13 @@ def overflows(files: list[Path], tensors: list[DumpTensor], errors: list[tuple[s
     return out
 
 
-def statistics(t: DumpTensor) -> TensorStats:
+def statistics(t: DumpTensor, threads: int = 1) -> TensorStats:
     """The tensor's statistics: given by the dump, or computed in one pass over its data."""
     if t.load is None:
         if t.stats is None:
             raise DumpError(f"{t.path or t.name}: neither data nor statistics")
         return replace(t.stats, step=t.step, rank=t.rank, path=t.path)
-    s = scan_array(t.load(), dtype=t.dtype, name=t.name, io=t.io, index=t.index)
+    s = scan_array(t.load(), dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads)
     return replace(s, step=t.step, rank=t.rank, path=t.path)
 
 
@@ -179,7 +179,8 @@ def first_bad_op(tensors: list[DumpTensor], stats: list[TensorStats]) -> dict[st
     return fallback
 
 
-def scan_dump(path: Path, step: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
+def scan_dump(path: Path, step: int | None = None, progress: Progress | None = None,
+              threads: int = 1) -> dict[str, Any]:
     """Statistics, first bad op, overflows and unreadable files of one tree (no findings)."""
     files = _tree(path)
     tensors, errors, layout = discover(path, files)
@@ -191,7 +192,7 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
     stats: list[TensorStats] = []
     for i, t in enumerate(tensors):
         try:
-            stats.append(statistics(t))
+            stats.append(statistics(t, threads))
             kept.append(t)
         except (DumpError, TypeError, ValueError, OSError) as exc:
             errors.append((t.path or t.name, str(exc)))
@@ -221,13 +222,14 @@ def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | No
 
 
 def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
-         labels: dict[str, str] | None = None, progress: Progress | None = None) -> dict[str, Any]:
+         labels: dict[str, str] | None = None, progress: Progress | None = None,
+         threads: int = 1) -> dict[str, Any]:
     """``precision-agent scan``: :func:`scan_dump` plus the findings of ``rules`` (default: the
-    shipped rule files)."""
+    shipped rule files). ``threads``: scanner threads per tensor (the daemon keeps 1)."""
     if rules is None:
         from ..rulefile import default_rules_dir, load_rules
         rules = load_rules([default_rules_dir()])
-    r = scan_dump(path, step, progress)
+    r = scan_dump(path, step, progress, threads)
     r["findings"] = findings(r, rules, labels)
     return r
 
