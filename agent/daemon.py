@@ -414,7 +414,8 @@ class Agent:
         files = [{"path": p, "format": s.format, "lines": s.stats.lines, "records": s.stats.records}
                  for p, s in list(self.streams.items())]
         return {"version": __version__, "ready": bool(gauges["ready"]), "watches": [
-            {"path": str(w.path), "kind": w.kind, "labels": w.labels} for w in self.config.watches],
+            {"path": str(w.path), "kind": w.kind, "labels": w.labels,
+             "mode": self.watcher.modes.get(str(w.path), "pending")} for w in self.config.watches],
             "files": files, "series": series, "rules": rules, "rule_errors": rule_errors,
             "counters": counters, "errors": errors}
 

@@ -1,6 +1,7 @@
 """The real agent as a subprocess on a hostile host: a damaged state database, a watch that must
 be polled (as on NFS/Lustre), an inotify watch limit too small for the tree."""
 
+import json
 import os
 import re
 import subprocess
@@ -73,6 +74,8 @@ def test_poll_true_picks_up_appends_long_before_the_resync(dirs, tmp_path):
         wait_for(lambda: agent.metric("precision_agent_training_step") == 9, what="append found by polling")
         assert agent.metric("precision_agent_resyncs_total") == 1  # only the start-up pass ran
         assert agent.metric("precision_agent_log_lines_read_total") == 9
+        modes = {w["path"]: w["mode"] for w in json.loads(agent.get("/api/v1/status"))["data"]["watches"]}
+        assert modes[str(polled)] == "poll" and modes[str(logs)] == "inotify"
         assert agent.stop() == 0
     finally:
         agent.kill()
