@@ -201,9 +201,9 @@ class Kld:
         return (lx - self.shift[0]) * self.scale[0] < 2 * EPS32 or (ly - self.shift[1]) * self.scale[1] < 2 * EPS32
 
     def _shifted_sum(self, k: int, s: float, m: int) -> float | None:
-        """Σ(v − min_v) of a block from its Σv, where cancellation costs at most ~1e-12 of it:
-        Σv's error is below ~25·2⁻⁵³·m·max|v|, so Σ(v − min) must reach 3e-3·m·max|v|.
-        Zero-centred data passes; data like 1 ± 1e-4 sums u itself (None)."""
+        """Σ(v − min_v) of a block from its Σv, where cancellation costs at most ~1e-12 of it
+        (so of KLD): pairwise Σv errs by < ~35·2⁻⁵³·m·max|v|, so Σ(v − min) must reach
+        3e-3·m·max|v|. Zero-centred data passes; data like 16 ± 0.01 sums v − min (None)."""
         s_u = s - m * self.shift[k]
         return s_u if s_u >= 3e-3 * m * self.mag[k] else None
 
