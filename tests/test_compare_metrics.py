@@ -436,6 +436,25 @@ def test_range_pre_pass_rounds_like_the_values():
         check(xs.astype(">f4"), ys.astype(">f4"), block=block)
 
 
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_16_bit_float_range_from_words_covers_every_word(kind):
+    """The pre-pass ranks half/bfloat16 words as int16 keys: over all 65536 words, in blocks,
+    its extremes equal the float ones (NaN/Inf blocks: zeroed, like pass 1)."""
+    from precision_agent.compare.blocks import Scratch, Side, _block_range
+    words = np.random.default_rng(17).permutation(np.arange(65536, dtype=np.uint32)).astype(np.uint16)
+    side = Side(words, "bfloat16") if kind == "bfloat16" else Side(words.view(np.float16), None)
+    values = f32_values(words, "bfloat16") if kind == "bfloat16" else words.view(np.float16).astype(np.float64)
+    sc = Scratch(1000)
+    with np.errstate(invalid="ignore"):           # NaN words widen quietly inside compare_arrays
+        ranges = [(i, _block_range(side, side.a[i:i + 1000], sc)) for i in range(0, 65536, 1000)]
+    for i, got in ranges:
+        v = values[i:i + 1000].copy()
+        v[~np.isfinite(v)] = 0.0
+        assert got == (v.min(), v.max())
+        finite = np.isfinite(values[i:i + 1000])   # the key path alone, on finite words
+        assert _block_range(side, side.a[i:i + 1000][finite], sc) == (v[finite].min(), v[finite].max())
+
+
 @pytest.mark.parametrize("n", [0, 1, 8191, 8192, 8193, 3 * 8192 + 7])
 @pytest.mark.parametrize("rows", ["vecdot", "loop"])
 def test_float64_dot_in_rows_is_the_exact_sum(n, rows, monkeypatch):

@@ -51,8 +51,8 @@ _ROW = 8192  # elements per BLAS dot call: OpenBLAS hands a dot of > 10000 eleme
 
 class Scratch:
     """Buffers of one block, allocated once per compare: three float64 rows (x, y, |x−y|, each
-    rewritten in place once read), two masks, and float32/uint32 words for narrowing and
-    bfloat16, made only for the sides that need them."""
+    rewritten in place once read), two masks, and float32/uint32/int16 words for narrowing,
+    bfloat16 and 16-bit float ranges, made only for the sides that need them."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -60,6 +60,7 @@ class Scratch:
         self.b1, self.b2 = np.empty(n, np.bool_), np.empty(n, np.bool_)
         self.f32: np.ndarray | None = None
         self.u32: np.ndarray | None = None
+        self.i16: np.ndarray | None = None
 
 
 def _widen(side: Side, raw: np.ndarray, out: np.ndarray, sc: Scratch) -> None:
@@ -154,15 +155,38 @@ def _zero_nonfinite(v: np.ndarray) -> int:
     return k
 
 
+def _half_range(side: Side, raw: np.ndarray, sc: Scratch) -> tuple[float, float]:
+    """(min, max) of a block of 16-bit floats (half or bfloat16) from their words: numpy's half
+    arithmetic runs ~5 ns per element, but sign-magnitude words map to an order-preserving int16
+    key (flip the magnitude bits of negatives) in three cheap integer passes. NaN sorts beyond
+    ±Inf, so a NaN or Inf in the block shows as a non-finite extreme."""
+    w = (raw if raw.dtype.isnative else raw.astype(raw.dtype.newbyteorder("="))).view(np.int16)
+    if sc.i16 is None:
+        sc.i16 = np.empty(sc.n, np.int16)
+    k = sc.i16[:w.size]
+    np.right_shift(w, 15, out=k)
+    np.bitwise_and(k, 0x7FFF, out=k)
+    np.bitwise_xor(k, w, out=k)
+    ends = np.array([np.minimum.reduce(k), np.maximum.reduce(k)], np.int16)
+    ends ^= (ends >> 15) & 0x7FFF               # the same flip maps a key back to its word
+    if side.bf16:
+        vals = (ends.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    else:
+        vals = ends.view(np.float16)
+    return float(vals[0]), float(vals[1])
+
+
 def _block_range(side: Side, raw: np.ndarray, sc: Scratch) -> tuple[float, float]:
     """(min, max) of one block's float32 values, NaN/Inf counted as 0 as pass 1 zeroes them.
     Rounding to float32 is monotonic, so the raw extremes, rounded, are the rounded extremes."""
-    if not side.bf16:
+    if side.bf16 or side.code == "f2":
+        lo, hi = _half_range(side, raw, sc)
+    else:
         lo, hi = np.minimum.reduce(raw), np.maximum.reduce(raw)
         if not side.exact:
             lo, hi = np.float32(lo), np.float32(hi)   # beyond float32's range: inf, handled below
-        if math.isfinite(lo) and math.isfinite(hi):
-            return float(lo), float(hi)
+    if math.isfinite(lo) and math.isfinite(hi):
+        return float(lo), float(hi)
     v = sc.z[:raw.size]
     _widen(side, raw, v, sc)
     _zero_nonfinite(v)
