@@ -3,9 +3,10 @@ against numpy's ``a.sum() + b.sum()`` over the same two arrays, in the same run 
 
 Two pairs: *identical* (a rerun that reproduced bit for bit: the bitwise fast path) and
 *different* (every element off by ~1e-3 relative: every metric, after a min/max pre-pass for
-KLD). Each round times the sum, then both compares, so they share the host's conditions; best
-of N by wall time and, separately, by CPU time of this process (steadier on a shared host,
-where another job can take the core mid-run). The traced peak of Python/numpy allocations
+KLD); then the different pair as fp16 and as bfloat16 (NPU dumps' usual dtypes). Each round
+times the sum, then the compares, so they share the host's conditions; best of N by wall time
+and, separately, by CPU time of this process (steadier on a shared host, where another job can
+take the core mid-run). The traced peak of Python/numpy allocations
 during a compare shows the working memory is block-sized, whatever the array size.
 
 ``--ops`` adds where the time goes: each numpy pass the different pair makes per block, timed
@@ -97,6 +98,14 @@ def run(size_mib: int = 256, repeat: int = 3, block: int | None = None, ops: boo
                        "identical": lambda: compare_arrays(a, same, block_elems=block),
                        "different": lambda: compare_arrays(a, b, block_elems=block)}, repeat)
     del same
+    a16, b16 = a.astype(np.float16), b.astype(np.float16)
+    abf, bbf = ((v.view(np.uint32) >> 16).astype(np.uint16) for v in (a, b))   # truncated bfloat16
+    hw, hc = _best({"different_fp16": lambda: compare_arrays(a16, b16, block_elems=block),
+                    "different_bf16": lambda: compare_arrays(abf, bbf, target_dtype="bfloat16",
+                                                             bench_dtype="bfloat16", block_elems=block)}, repeat)
+    wall.update(hw)
+    cpu.update(hc)
+    del a16, b16, abf, bbf
     tracemalloc.start()
     d = compare_arrays(a, b, block_elems=block)
     peak = tracemalloc.get_traced_memory()[1]
@@ -115,6 +124,8 @@ def run(size_mib: int = 256, repeat: int = 3, block: int | None = None, ops: boo
                    "different_to_sum": wall["sum"] / wall["different"]},
         "cpu_ratios": {"identical_to_sum": cpu["sum"] / max(cpu["identical"], 1e-9),
                        "different_to_sum": cpu["sum"] / max(cpu["different"], 1e-9)},
+        # 16-bit dumps (NPU side): same element count, against the same fp32 sum per element
+        "half_ratios": {k: wall["sum"] / wall[k] for k in ("different_fp16", "different_bf16")},
     }
     if ops:
         res["ops"] = op_table(a, b, block)
@@ -137,6 +148,9 @@ def report(res: dict[str, Any]) -> str:
         f"  different pair (all metrics, KLD pre-pass): {res['different_s']:.3f} s ({ns['different']:.2f} ns/pair), "
         f"throughput / sum: {r['different_to_sum']:.3f} (goal >= {GOAL_RATIO}: {verdict(r['different_to_sum'])}); "
         f"by CPU time {c['different_to_sum']:.3f}",
+        f"  different fp16 / bf16 pairs (same elements): {ns['different_fp16']:.2f} / "
+        f"{ns['different_bf16']:.2f} ns/pair, per element vs the fp32 sum: "
+        f"{res['half_ratios']['different_fp16']:.3f} / {res['half_ratios']['different_bf16']:.3f}",
         f"  traced peak allocation during a compare: {res['peak_traced_bytes'] / common.MB:.2f} MB",
     ]
     if "ops" in res:
