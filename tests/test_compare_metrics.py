@@ -436,6 +436,39 @@ def test_range_pre_pass_rounds_like_the_values():
         check(xs.astype(">f4"), ys.astype(">f4"), block=block)
 
 
+def test_kept_buffers_carry_nothing_between_compares():
+    """Block buffers are kept per thread between compares: a compare after others of other
+    sizes and dtypes (bfloat16, float64, half) gives exactly what it gives on fresh buffers,
+    and threads comparing at once each get their own."""
+    import threading
+    from precision_agent.compare.blocks import drop_scratch
+    x, y = _noisy(50_000, 18)
+    words = (y.view(np.uint32) >> 16).astype(np.uint16)
+    jobs = [((x, y), {}), ((x[:7], y[:7]), {}), ((x.astype(np.float64), y), {}),
+            ((words, y), {"target_dtype": "bfloat16"}), ((x.astype(np.float16), y[:50_000].astype(np.float16)), {}),
+            ((x[:3000], y[:3000]), {"block_elems": 64})]
+    fresh = []
+    for args, kw in jobs:
+        drop_scratch()
+        fresh.append(compare_arrays(*args, **kw))
+    drop_scratch()
+    for _ in range(2):
+        for (args, kw), want in zip(jobs, fresh):
+            assert compare_arrays(*args, **kw) == want
+    errors: list[str] = []
+
+    def worker(k: int) -> None:
+        for i in range(8):
+            args, kw = jobs[(k + i) % len(jobs)]
+            if compare_arrays(*args, **kw) != fresh[(k + i) % len(jobs)]:
+                errors.append(f"thread {k} job {(k + i) % len(jobs)}")
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads) and errors == []
+
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_16_bit_float_range_from_words_covers_every_word(kind):
     """The pre-pass ranks half/bfloat16 words as int16 keys: over all 65536 words, in blocks,

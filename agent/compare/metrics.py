@@ -47,8 +47,9 @@ Equality: ``bitwise_equal`` needs the same dtype, the same shape and identical b
 exactly in the original precision (float64 stays float64; NaN at the same place is equal, and
 -0.0 == 0.0). Memory: three block-sized float64 buffers and two masks (``block_elems``, default
 131072: 3.25 MiB; one float32/uint32 buffer more per side that needs rounding or is bfloat16),
-whatever the tensor size; a memmap is read block by block. No threads: BLAS dots stay below
-OpenBLAS's threading size.
+whatever the tensor size, kept per thread between compares (fresh pages cost more than the
+passes); a memmap is read block by block. No threads: BLAS dots stay below OpenBLAS's
+threading size.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import TensorStats
-from .blocks import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Scratch, Side, general_block,
-                     identical_block, pairs, revisit_identical, same_bytes)
+from .blocks import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Side, general_block, identical_block,
+                     pairs, revisit_identical, same_bytes, scratch)
 
 __all__ = ["BOOL_METRICS", "DEFAULT_BLOCK", "EPS", "EPS32", "METRIC_NAMES", "RATIO_NAMES",
            "RATIO_THRESHOLDS", "REASON_EMPTY", "REASON_NONFINITE", "REASON_SCALAR", "REASON_ZERO_X",
@@ -133,7 +134,7 @@ def compare_arrays(target: np.ndarray, bench: np.ndarray, *, target_dtype: str |
     if x.size == 0:
         return _failed(REASON_EMPTY, bitwise=same_dtype)
     n = max(1, int(block_elems))
-    sc = Scratch(min(n, x.size))
+    sc = scratch(min(n, x.size))
     acc = Acc()
     acc.bitwise = same_dtype
     uview = np.dtype(f"u{x.dtype.itemsize}") if same_dtype and x.dtype.itemsize in (1, 2, 4, 8) else None
