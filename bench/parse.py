@@ -45,6 +45,15 @@ def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
                 for _line in f:
                     n += 1
 
+        def tail() -> None:  # reading and decoding alone, the floor under the reader's time
+            from precision_agent.readers.tailer import LogTailer
+            tailer = LogTailer(str(path))
+            try:
+                while tailer.read(1 << 30):
+                    pass
+            finally:
+                tailer.close()
+
         samples = [0]
 
         def parse() -> None:
@@ -64,15 +73,16 @@ def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
                 stream.close()
 
         t_plain = common.best_of(plain, repeat)
+        t_tail = common.best_of(tail, repeat)
         t_parse = common.best_of(parse, repeat)
         t_full = common.best_of(full, max(1, repeat - 1))
     return {
         "date": common.now_iso(), "host": common.host_info(),
         "params": {"lines": lines, "bytes": size, "repeat": repeat},
-        "plain_loop_s": t_plain, "parse_s": t_parse, "pipeline_s": t_full, "samples": samples[0],
+        "plain_loop_s": t_plain, "tail_s": t_tail, "parse_s": t_parse, "pipeline_s": t_full, "samples": samples[0],
         "parse_lines_per_s": lines / t_parse, "pipeline_lines_per_s": lines / t_full,
         "parse_mb_per_s": size / t_parse / 1e6,
-        "ratios": {"parse_to_plain": t_parse / t_plain,
+        "ratios": {"parse_to_plain": t_parse / t_plain, "tail_to_plain": t_tail / t_plain,
                    "goal_lines_per_s": GOAL_LINES_PER_S / (lines / t_parse),
                    "goal_plain_multiple": (t_parse / t_plain) / GOAL_RATIO_TO_PLAIN},
     }
@@ -82,7 +92,8 @@ def report(res: dict[str, Any]) -> str:
     p, r = res["params"], res["ratios"]
     return "\n".join([
         f"parse: {p['lines']} Megatron-format lines, {p['bytes'] / 1e6:.0f} MB, best of {p['repeat']}",
-        f"  plain line loop {res['plain_loop_s']:.3f} s; reader+parsers {res['parse_s']:.3f} s "
+        f"  plain line loop {res['plain_loop_s']:.3f} s; tailer alone {res['tail_s']:.3f} s"
+        f" ({r['tail_to_plain']:.1f}x); reader+parsers {res['parse_s']:.3f} s "
         f"({res['parse_lines_per_s']:,.0f} lines/s, {res['parse_mb_per_s']:.1f} MB/s, {res['samples']} samples)",
         f"  with series state and shipped rules: {res['pipeline_s']:.3f} s ({res['pipeline_lines_per_s']:,.0f} lines/s)",
         f"  vs goal >= {GOAL_LINES_PER_S:,} lines/s: ratio goal/measured {r['goal_lines_per_s']:.2f}"
