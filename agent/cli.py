@@ -183,6 +183,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rules_test(args: argparse.Namespace) -> int:
+    from .ruletest import run  # imported on use: building the parser must stay cheap for every command
+    return run(args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     return run_demo(duration=args.duration, listen=args.listen)
@@ -232,8 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     rc = rsub.add_parser("check", help="validate rule files")
     rc.add_argument("paths", nargs="*", help="rule files or directories (default: the shipped rules)")
     rc.set_defaults(func=cmd_rules_check, rules=None)
-    from .ruletest import add_parser as add_rules_test
-    add_rules_test(rsub)
+    rt = rsub.add_parser("test", help="unit-test rule files (like promtool test rules)")
+    rt.add_argument("files", nargs="+", help="test files (YAML; see docs/rules-testing.md)")
+    rt.add_argument("--run", metavar="REGEX", help="only the tests whose name matches this regex")
+    rt.set_defaults(func=cmd_rules_test, rules=None)
 
     d = sub.add_parser("demo", help="start the agent on a simulated training job and show alerts firing")
     d.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")

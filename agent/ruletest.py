@@ -364,15 +364,6 @@ def run_file(path: Path, run_filter: re.Pattern[str] | None = None, out: Any = N
     return EXIT_FAILED
 
 
-def add_parser(rules_subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``rules test`` on the ``rules`` command's subparsers."""
-    p = rules_subparsers.add_parser("test", help="unit-test rule files (like promtool test rules)")
-    p.add_argument("files", nargs="+", help="test files (YAML; see docs/rules-testing.md)")
-    p.add_argument("--run", metavar="REGEX", help="only the tests whose name matches this regex")
-    p.set_defaults(func=run, rules=None)
-    return p
-
-
 def run(args: argparse.Namespace) -> int:
     """Run every test file; the worst status wins (2 bad file > 1 failed test > 0)."""
     try:
@@ -388,9 +379,8 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m precision_agent.ruletest test FILE...``: the same as ``precision-agent rules test``."""
-    rules_parser = argparse.ArgumentParser(prog="precision-agent rules")
-    add_parser(rules_parser.add_subparsers(dest="rules_command", required=True))
-    return run(rules_parser.parse_args(argv))
+    from .cli import main as cli_main  # one definition of the command line, in agent/cli.py
+    return cli_main(["rules", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
