@@ -82,9 +82,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-COMPARE_PRESETS = ("strict", "precision_tool", "msaccucmp", "msquickcmp")
-
-
 class CompareSpec(_Strict):
     """Pair a dump watch with another run's dumps: a benchmark (GPU/CPU run) or a rerun."""
 
@@ -96,8 +93,9 @@ class CompareSpec(_Strict):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, v: str) -> str:
-        if v not in COMPARE_PRESETS:
-            raise ValueError(f"unknown preset {v!r}; known: {', '.join(COMPARE_PRESETS)}")
+        from .compare.verdict import PRESETS  # the verdict module owns the list
+        if v not in PRESETS:
+            raise ValueError(f"unknown preset {v!r}; known: {', '.join(PRESETS)}")
         return v
 
 

@@ -88,6 +88,8 @@ class DumpFlow:
         res = x.get("compare")
         if res is None:
             return
+        if "csv_error" in res:
+            self.health.error("compare", "%s: %s", r.unit, res["csv_error"])
         for e in res.get("errors") or ():
             self.health.error("compare", "%s (%s): %s", e.get("path"), e.get("side"), e.get("reason"))
         sample = compare_sample(res, labels, r.unit)

@@ -94,3 +94,12 @@ def test_step_from_the_directory_name(tmp_path: Path) -> None:
     assert path_step(str(tmp_path / "iter_7"), tmp_path) == 7
     assert path_step(str(tmp_path / "rank0"), tmp_path) is None
     assert path_step(str(tmp_path), tmp_path) is None
+
+
+def test_an_unwritable_table_directory_is_reported_not_fatal(tmp_path: Path) -> None:
+    a = {"step0/w.npy": np.arange(10, dtype=np.float32)}
+    run, other = _tree(tmp_path / "run", a), _tree(tmp_path / "other", a)
+    (tmp_path / "blocked").write_text("a file where the table directory should be")
+    work = DumpWork(run, CompareSpec(against=other, mode="rerun"), None, tmp_path / "blocked" / "csv")
+    res = after_scan(str(run / "step0"), work, settle=1.0)["compare"]
+    assert res["identical"] and res["csv"] is None and "cannot write the comparison table" in res["csv_error"]

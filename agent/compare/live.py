@@ -10,7 +10,6 @@ tried again later, never compared half-written.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import time
@@ -19,16 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CompareSpec
-from ..dumps.scan import discover
 from ..dumps.schedule import signature
 from ..model import Sample, SourcePos, json_safe, make_labels
 from ..detectors.dump_divergence import DUMP_DIVERGENCE
 from ..detectors.nondeterminism import DUMP_NONDETERMINISM
 from .digest import step_digests
-from .engine import compare_paths
+from .engine import compare_sides
+from .pairing import Side, read_side
 from .report import to_json, write_csv
 
-log = logging.getLogger(__name__)
 MAX_CSV_FILES = 500   # per csv directory: the oldest tables go first
 
 
@@ -67,7 +65,8 @@ def _csv_name(unit: str, work: DumpWork) -> str:
     return (re.sub(r"[^A-Za-z0-9_.-]+", "_", rel.replace(os.sep, "__")).strip("._") or "root") + ".csv"
 
 
-def _write_csv(res: Any, unit: str, work: DumpWork) -> str | None:
+def _write_csv(res: Any, unit: str, work: DumpWork) -> tuple[str | None, str | None]:
+    """(path, None) once written, or (None, reason): the caller counts the error."""
     try:
         work.csv_dir.mkdir(parents=True, exist_ok=True)
         path = work.csv_dir / _csv_name(unit, work)
@@ -78,19 +77,22 @@ def _write_csv(res: Any, unit: str, work: DumpWork) -> str | None:
         tables = sorted(work.csv_dir.glob("*.csv"), key=lambda p: p.stat().st_mtime)
         for old in tables[:-MAX_CSV_FILES]:
             old.unlink(missing_ok=True)
-        return str(path)
+        return str(path), None
     except OSError as exc:
-        log.warning("could not write the comparison table for %s: %s", unit, exc)
-        return None
+        return None, f"cannot write the comparison table in {work.csv_dir}: {exc.strerror or exc}"
 
 
-def compare_unit(unit: str, other: Path, work: DumpWork) -> dict[str, Any]:
-    """Compare ``unit`` (target) with ``other`` (benchmark or rerun); JSON-safe result + CSV path."""
+def compare_unit(unit: str, other: Path, work: DumpWork, target: Side | None = None) -> dict[str, Any]:
+    """Compare ``unit`` (target, read here unless given) with ``other`` (benchmark or rerun);
+    JSON-safe result + CSV path."""
     spec = work.compare
     assert spec is not None
-    res = compare_paths(str(other), unit, preset=spec.preset, rerun=spec.mode == "rerun")
+    res = compare_sides(target if target is not None else read_side(unit), read_side(other),
+                        preset=spec.preset, rerun=spec.mode == "rerun")
     out = json_safe(to_json(res))
-    out["csv"] = _write_csv(res, unit, work)
+    out["csv"], csv_error = _write_csv(res, unit, work)
+    if csv_error is not None:
+        out["csv_error"] = csv_error
     return out
 
 
@@ -109,15 +111,15 @@ def path_step(unit: str, root: Path) -> int | None:
 def after_scan(unit: str, work: DumpWork, settle: float) -> dict[str, Any]:
     """Digest and comparison of a freshly scanned directory (run on the scan thread)."""
     out: dict[str, Any] = {}
+    target = read_side(unit)  # discovered once, for the digest and the comparison
     if work.digest is not None:
-        tensors, _errors, _layout = discover(Path(unit))
         step = path_step(unit, work.root)
         out["digests"] = [dict(asdict(d), step=d.step if d.step is not None else step)
-                          for d in step_digests(tensors, work.digest)]
+                          for d in step_digests(target.tensors, work.digest)]
     other = counterpart(unit, work)
     if other is not None:
         if ready(other, settle):
-            res = out["compare"] = compare_unit(unit, other, work)
+            res = out["compare"] = compare_unit(unit, other, work, target)
             for key in ("first_diverging_op", "corrupted_input", "first_differing_tensor"):
                 where = res.get(key)
                 if where and where.get("step") is None:
@@ -132,7 +134,6 @@ def compare_sample(result: dict[str, Any], labels: dict[str, str], unit: str) ->
 
     The op to look at first: the op that lost precision, else the op whose input already
     differed, else the first differing tensor's op."""
-    rerun = result.get("mode") == "rerun"
     where = result.get("first_diverging_op") or result.get("corrupted_input") \
         or result.get("first_differing_tensor") or {}
     ls = dict(labels)
@@ -143,8 +144,8 @@ def compare_sample(result: dict[str, Any], labels: dict[str, str], unit: str) ->
              ("pairs", result.get("pairs")), ("differ_bitwise", result.get("differ_bitwise")),
              ("beyond_tolerance", result.get("beyond_tolerance")), ("unmatched", len(result.get("unmatched") or ())),
              ("csv", result.get("csv")), ("bench", result.get("bench")))
-    diverged = bool(result.get("diverged")) or (rerun and not result.get("identical") and bool(where))
-    if not diverged:
+    if not result.get("diverged"):   # in rerun mode: any bitwise difference
         return None
-    return Sample(make_labels(ls), DUMP_NONDETERMINISM if rerun else DUMP_DIVERGENCE, 1.0, where.get("step"),
+    metric = DUMP_NONDETERMINISM if result.get("mode") == "rerun" else DUMP_DIVERGENCE
+    return Sample(make_labels(ls), metric, 1.0, where.get("step"),
                   SourcePos(unit, 0), time.time(), None, attrs)
