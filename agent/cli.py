@@ -255,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_CONFIG
+    from . import kernels
+    try:  # a bad PRECISION_AGENT_KERNELS fails every command at start, not mid-scan
+        kernels.check()
+    except kernels.KernelError as exc:
+        print(f"precision-agent: bad environment: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     return args.func(args)
 
 

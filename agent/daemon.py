@@ -21,7 +21,7 @@ from typing import Any, Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from . import __version__
+from . import __version__, kernels
 from .alerts import Transition
 from .config import Config, ConfigError, Watch, split_listen
 from .health import Health
@@ -413,7 +413,7 @@ class Agent:
                      for r in self.pipeline.rules.rules]
         files = [{"path": p, "format": s.format, "lines": s.stats.lines, "records": s.stats.records}
                  for p, s in list(self.streams.items())]
-        return {"version": __version__, "ready": bool(gauges["ready"]), "watches": [
+        return {"version": __version__, "ready": bool(gauges["ready"]), "kernels": kernels.active(), "watches": [
             {"path": str(w.path), "kind": w.kind, "labels": w.labels,
              "mode": self.watcher.modes.get(str(w.path), "pending")} for w in self.config.watches],
             "files": files, "series": series, "rules": rules, "rule_errors": rule_errors,

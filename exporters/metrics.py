@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from ..health import Health
 from ..model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, Labels
 from ..pipeline import Pipeline
-from .. import __version__
+from .. import __version__, kernels
 
 P = "precision_agent_"
 _GAUGES = ((LOSS, "training_loss", "Last training loss read from the log."),
@@ -65,6 +65,11 @@ class AgentCollector(Collector):
                                  labels=["version", "python_version"])
         info.add_metric([__version__, platform.python_version()], 1)
         yield info
+        kinfo = GaugeMetricFamily(P + "kernel_info", "Block kernels in use: impl is c (compiled, one "
+                                  "pass per block) or numpy (fallback).", labels=["kind", "impl"])
+        for kind, impl in kernels.active().items():
+            kinfo.add_metric([kind, impl], 1)
+        yield kinfo
         g = GaugeMetricFamily(P + "start_time_seconds", "Start time of the agent, seconds since epoch.")
         g.add_metric([], self.health.start_time)
         yield g
