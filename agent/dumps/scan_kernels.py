@@ -66,6 +66,9 @@ class Scratch:
         self.rs = np.empty(cap, np.float32)
         self.rq = np.empty(cap, np.float32)
         self.used = 0
+        # the C kernel's per-worker state and how it reaches the Acc (scan_c.py sets both)
+        self.cstate: bytearray | None = None
+        self.cflush: Callable[[Acc], None] | None = None
 
     @property
     def w32(self) -> np.ndarray:
@@ -81,6 +84,9 @@ class Scratch:
         return self._f64
 
     def flush(self, acc: "Acc") -> None:
+        """Move what is pending in scratch (row sums, the C state) into ``acc``."""
+        if self.cflush is not None:
+            self.cflush(acc)
         if self.used:
             acc.sums.append(float(np.add.reduce(self.rs[:self.used], dtype=np.float64)))
             acc.sqs.append(float(np.add.reduce(self.rq[:self.used], dtype=np.float64)))

@@ -41,7 +41,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .. import kernels
 from ..model import TensorStats
+from . import scan_c
 from .scan_kernels import FP16_MAX, ROW, Acc, Scratch, block_fn
 
 __all__ = ["DEFAULT_BLOCK", "FP16_MAX", "ROW", "scan_array", "scan_file_npy"]
@@ -146,7 +148,11 @@ def scan_array(a: np.ndarray, *, dtype: str | None = None, name: str = "", io: s
         kind_name = dtype or a.dtype.name
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))  # pragma: no cover - dumps are native-endian
-    acc = _scan(a, block_fn(a, bf16), int(block_elems), int(threads), _release)
+    fn = block_fn(a, bf16)
+    mod = kernels.get("scan")  # per call: PRECISION_AGENT_KERNELS / kernels.forced() decide
+    if mod is not None:
+        fn = scan_c.block_fn(mod, a, bf16, fn) or fn
+    acc = _scan(a, fn, int(block_elems), int(threads), _release)
 
     count = int(a.size)
     has = acc.finite > 0
