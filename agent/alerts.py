@@ -99,6 +99,27 @@ class AlertBook:
         for a in alerts:
             self.alerts[a.fingerprint] = a
 
+    def cleared_since(self) -> dict[str, float]:
+        """When each firing alert's condition stopped (waiting out ``keep_firing_for``): persisted
+        with the detector memory, or a restart in that wait would keep the alert firing forever."""
+        return dict(self._cleared)
+
+    def restore_cleared(self, data: object) -> None:
+        if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
+            raise ValueError("expected {fingerprint: time}")
+        self._cleared.update({str(k): float(v) for k, v in data.items() if k in self.alerts})
+
+    def resolve_rule(self, name: str, now: float) -> None:
+        """The rule's detector lost its memory (edited, or unreadable memory): a stateful alert
+        could never be cleared again, so it resolves now (and fires anew if the condition holds)."""
+        for fp, a in list(self.alerts.items()):
+            if a.rule != name or a.state == AlertState.RESOLVED:
+                continue
+            if a.state == AlertState.PENDING:
+                self._drop(fp)
+            else:
+                self._resolve(a, now)
+
     # -- internals ---------------------------------------------------------------------------
     def _promote(self, a: Alert, rule: Rule, now: float) -> None:
         if a.state == AlertState.PENDING and now - a.active_at >= rule.spec.for_:

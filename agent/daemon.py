@@ -94,6 +94,7 @@ class Agent:
                 log.warning("%s does not exist yet; it will be picked up when it appears", w.path)
         self._load_state()
         self.reload_rules(initial=True)
+        self._restore_memory()  # after the rules: memory belongs to the rules in force
         self.http.start()
         log.info("precision-agent %s listening on %s (metrics at %s/metrics)", __version__, self.http.url,
                  self.http.url)
@@ -330,8 +331,10 @@ class Agent:
     def _commit(self, touched: set[str]) -> None:
         book = self.pipeline.alerts
         offsets = {p: self.streams[p].position for p in touched if p in self.streams and self.streams[p].position}
+        memory = self.pipeline.memory_delta()  # detector memory: same transaction as offsets and alerts
+        self._memory_errors()
         if not (offsets or book.dirty or book.deleted or self.pipeline.dirty_series or self._forget
-                or self._expired):
+                or self._expired or memory):
             return
         with self.pipeline.lock:
             alerts = [book.alerts[f] for f in book.dirty if f in book.alerts]
@@ -339,8 +342,9 @@ class Agent:
             self.pipeline.dirty_series.clear()
         try:
             self.store.commit(offsets=offsets, alerts=alerts, deleted_alerts=book.deleted, series=series,
-                              forget_offsets=self._forget, forget_series=self._expired)
+                              forget_offsets=self._forget, forget_series=self._expired, memory=memory)
         except StateError as exc:
+            self.pipeline.memory.requeue(memory)
             self.health.error("state", "could not save state (will retry): %s", exc)
             return
         self.offsets.update(offsets)
@@ -383,6 +387,22 @@ class Agent:
         if self._rule_file_mtimes() != self._rule_mtimes:
             log.info("rule files changed; reloading")
             self.reload_rules()
+
+    def _restore_memory(self) -> None:
+        try:
+            rows = self.store.load_memory()
+        except StateError as exc:
+            self.health.error("state", "could not read detector memory (rules start empty): %s", exc)
+            rows = []
+        self.pipeline.restore_memory(rows, time.time())
+        self._memory_errors()
+        self._emit_transitions()  # alerts of rules whose memory could not be kept resolve now
+        log.info("state: detector memory of %d series-rule pair(s) restored", len(rows))
+
+    def _memory_errors(self) -> None:
+        for message in self.pipeline.memory.errors:
+            self.health.error("state", "%s", message)
+        self.pipeline.memory.errors.clear()
 
     def _load_state(self) -> None:
         self.offsets = self.store.load_offsets()

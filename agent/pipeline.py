@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable, Iterable
 
 from .alerts import AlertBook
 from .detectors import Clear, Detector, Hit
+from .memory import MemoryBook, MemoryDelta
 from .model import Finding, Labels, Sample
 from .rulefile import Rule, RuleSet
 from .series import SeriesState
@@ -36,6 +38,9 @@ class Pipeline:
         self.dirty_series: set[Labels] = set()  # series changed since the last state commit
         self.lock = threading.RLock()
         self._rules_by_name: dict[str, Rule] = {}
+        self.memory = MemoryBook()  # detector memory for the state store (agent/memory.py)
+        self._cleared_saved: dict[str, float] = {}
+        self.memory.extra["@alerts"] = (self._cleared_rows, self.alerts.restore_cleared)
         self.set_rules(rules)
 
     def set_rules(self, rules: RuleSet) -> None:
@@ -46,6 +51,31 @@ class Pipeline:
             self._tick_rules = [r for r in rules.rules if type(r.detector).tick is not Detector.tick]
             for r in rules.rules:
                 self.findings_total.setdefault(r.name, 0)
+            for r in self.memory.set_rules(rules.rules):  # edited rules start with empty memory
+                self._memory_lost(r, time.time())
+
+    # -- detector memory (persisted with offsets and alerts) ----------------------------------------
+    def memory_delta(self) -> MemoryDelta:
+        """What the next state commit must write of the detectors' memory."""
+        with self.lock:
+            return self.memory.collect()
+
+    def restore_memory(self, rows: list[tuple[str, str, str, str, str, int]], now: float) -> None:
+        """Put the memory of the last run back into the detectors of the rules in force."""
+        with self.lock:
+            for r in self.memory.restore(rows):
+                self._memory_lost(r, now)
+
+    def _memory_lost(self, rule: Rule, now: float) -> None:
+        if rule.detector.stateful:
+            self.alerts.resolve_rule(rule.name, now)
+
+    def _cleared_rows(self, full: bool) -> dict[str, float] | None:
+        cur = self.alerts.cleared_since()
+        if not full and cur == self._cleared_saved:
+            return None
+        self._cleared_saved = cur
+        return cur
 
     def series_for(self, labels: Labels) -> SeriesState:
         st = self.series.get(labels)

@@ -43,7 +43,8 @@ class SeriesState:
     scale_increases: int = 0
     overflow_steps: int = 0
     nonfinite: dict[str, int] = field(default_factory=dict)
-    # dedup and reconciliation context (not persisted: a restart starts a fresh context)
+    # dedup and reconciliation context (persisted with ``to_dict(context=True)``, so that a copy of
+    # an overflow message or a skip counter read just after a restart counts as without one)
     _last_transition: tuple[float | None, float | None, float | None] | None = None  # (from, to, log_time)
     _progress_since_transition: bool = True
     _last_overflow: dict[str, Any] | None = None
@@ -152,16 +153,46 @@ class SeriesState:
         return True
 
     # -- persistence ---------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in _PERSISTED}
+    def to_dict(self, context: bool = False) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in _PERSISTED}
+        if context:
+            out["context"] = {k: getattr(self, "_" + k) for k in _CONTEXT}
+        return out
 
     @classmethod
     def from_dict(cls, labels: Labels, data: dict[str, Any]) -> "SeriesState":
+        """Rebuild a stored series; a malformed context raises ValueError (the row is skipped)."""
         st = cls(labels)
         for k in _PERSISTED:
             if k in data:
                 setattr(st, k, data[k])
+        ctx = data.get("context")
+        if ctx is not None:
+            if not isinstance(ctx, dict):
+                raise ValueError("series context is not an object")
+            for k, check in _CONTEXT.items():
+                if k in ctx:
+                    v = ctx[k]
+                    if not check(v):
+                        raise ValueError(f"series context {k}: unexpected {v!r:.80}")
+                    setattr(st, "_" + k, tuple(v) if k == "last_transition" and v is not None else v)
         return st
+
+
+def _num(v: Any) -> bool:
+    return v is None or (type(v) in (int, float))
+
+
+_CONTEXT: dict[str, Any] = {  # field (without its underscore) -> type check of its stored value
+    "last_transition": lambda v: v is None or (isinstance(v, list) and len(v) == 3 and all(map(_num, v))),
+    "progress_since_transition": lambda v: type(v) is bool,
+    "last_overflow": lambda v: v is None or (isinstance(v, dict) and set(v) == {"step", "frm", "to", "variant",
+                                                                                 "log_time"}),
+    "progress_since_overflow": lambda v: type(v) is bool,
+    "events_since_counter": lambda v: type(v) is int,
+    "last_cumulative": _num,
+    "progress_step": lambda v: v is None or type(v) is int,
+}
 
 
 def far_apart(a: float | None, b: float | None) -> bool:

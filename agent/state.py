@@ -1,8 +1,12 @@
 """The state store: one SQLite file (stdlib, WAL) holding everything a restart must not lose.
 
-Tailer offsets, the scanned-file index, alert states and series summaries are written in one
-transaction per processing batch, *after* the batch's samples went through the pipeline, so
+Tailer offsets, the scanned-file index, alert states, series summaries and the detectors' memory
+(agent/memory.py) are written in one transaction per processing batch, *after* the batch's samples went through the pipeline, so
 a restart resumes exactly where the last committed batch ended and does not re-page alerts.
+
+Schema changes are additive: tables are created when missing (``CREATE TABLE IF NOT EXISTS``), so a
+store written by an older agent gains the new ones (``memory`` came later) and keeps its rows; the
+column check at open tells a foreign file from ours.
 
 A damaged file (not SQLite, failing ``PRAGMA quick_check``, foreign tables) is moved aside to
 ``state.sqlite3.corrupt-<UTC time>`` (the newest three are kept), reported as a ``state`` error,
@@ -18,12 +22,15 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from .config import ConfigError
 from .model import Alert, AlertState, Labels
 from .readers.tailer import TailPosition
 from .series import SeriesState
+
+if TYPE_CHECKING:
+    from .memory import MemoryDelta
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -42,6 +49,9 @@ CREATE TABLE IF NOT EXISTS alerts (
     active_at REAL NOT NULL, last_seen REAL NOT NULL, fired_at REAL, resolved_at REAL,
     annotations TEXT NOT NULL, finding TEXT NOT NULL, count INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS series (labels TEXT PRIMARY KEY, data TEXT NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS memory (
+    rule TEXT NOT NULL, slot TEXT NOT NULL, key TEXT NOT NULL, digest TEXT NOT NULL, data TEXT NOT NULL,
+    seq INTEGER NOT NULL, PRIMARY KEY (rule, slot, key));
 """
 
 
@@ -57,6 +67,7 @@ _TABLES = {  # table -> columns, checked at open: a foreign SQLite file is as un
     "alerts": ("fingerprint", "rule", "labels", "state", "active_at", "last_seen", "fired_at", "resolved_at",
                "annotations", "finding", "count"),
     "series": ("labels", "data", "updated"),
+    "memory": ("rule", "slot", "key", "digest", "data", "seq"),
 }
 # sqlite result codes that say "a human must fix the host" (permissions, disk, another agent holding
 # the lock), not "this file is damaged": those fail fast instead of throwing the state away
@@ -145,6 +156,12 @@ class StateStore:
                             lambda r: (str(r[0]), (int(r[1]), int(r[2]), int(r[3]), float(r[4]), str(r[5]))))
         return dict(rows)
 
+    def load_memory(self) -> list[tuple[str, str, str, str, str, int]]:
+        """Detector memory rows (rule, slot, key, digest, data, seq), oldest first; their data is
+        decoded by agent/memory.py, which reports a bad row per rule."""
+        return self._decode("memory", "SELECT rule, slot, key, digest, data, seq FROM memory ORDER BY seq",
+                            lambda r: (str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5])))
+
     def _decode(self, table: str, sql: str, decode: Callable[[tuple[Any, ...]], T]) -> list[T]:
         out: list[T] = []
         bad: list[str] = []
@@ -161,7 +178,8 @@ class StateStore:
     # -- writes ------------------------------------------------------------------------------
     def commit(self, *, offsets: dict[str, TailPosition] | None = None, alerts: Iterable[Alert] = (),
                deleted_alerts: Iterable[str] = (), series: Iterable[SeriesState] = (),
-               forget_offsets: Iterable[str] = (), forget_series: Iterable[Labels] = ()) -> None:
+               forget_offsets: Iterable[str] = (), forget_series: Iterable[Labels] = (),
+               memory: MemoryDelta | None = None) -> None:
         now = time.time()
         try:
             self.db.execute("BEGIN IMMEDIATE")
@@ -179,15 +197,28 @@ class StateStore:
                 self.db.executemany("DELETE FROM alerts WHERE fingerprint=?", [(f,) for f in deleted_alerts])
                 self.db.executemany(
                     "INSERT OR REPLACE INTO series VALUES (?,?,?)",
-                    [(_dump_labels(s.labels), json.dumps(s.to_dict()), s.last_update) for s in series])
+                    [(_dump_labels(s.labels), json.dumps(s.to_dict(context=True)), s.last_update) for s in series])
                 self.db.executemany("DELETE FROM series WHERE labels=?",
                                     [(_dump_labels(k),) for k in forget_series])
+                if memory:
+                    self._write_memory(memory)
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
                 raise
         except sqlite3.Error as exc:
             raise StateError(f"{self.path}: {exc}") from exc
+
+    def _write_memory(self, m: MemoryDelta) -> None:
+        if m.keep is not None:  # rows of removed rules, or of an earlier version of a rule
+            stale = [(r, d) for r, d in self.db.execute("SELECT DISTINCT rule, digest FROM memory")
+                     if m.keep.get(r) != d]
+            self.db.executemany("DELETE FROM memory WHERE rule=? AND digest=?", stale)
+        self.db.executemany("DELETE FROM memory WHERE rule=?", [(r,) for r, s in m.clear if s is None])
+        self.db.executemany("DELETE FROM memory WHERE rule=? AND slot=?",
+                            [(r, s) for r, s in m.clear if s is not None])
+        self.db.executemany("DELETE FROM memory WHERE rule=? AND slot=? AND key=?", m.deletes)
+        self.db.executemany("INSERT OR REPLACE INTO memory VALUES (?,?,?,?,?,?)", m.upserts)
 
     def record_scanned(self, path: str, dev: int, ino: int, size: int, mtime: float, status: str) -> None:
         try:

@@ -70,6 +70,19 @@ class Detector(abc.ABC, Generic[P]):
         nothing here."""
         return None
 
+    # -- memory that survives a restart (agent/memory.py) ----------------------------------------
+    # Most kinds keep their memory in PerSeries attributes, which are persisted generically. A
+    # kind whose memory lives elsewhere overrides state()/restore() and sets ``memory_dirty``
+    # whenever that memory may have changed.
+    memory_dirty: bool = False
+
+    def state(self) -> Any:
+        """Memory outside PerSeries as plain data (see agent/memory.py's codec); None: none."""
+        return None
+
+    def restore(self, data: Any) -> None:
+        """Take back what ``state()`` returned before a restart."""
+
 
 V = TypeVar("V")
 
@@ -78,28 +91,71 @@ class PerSeries(Generic[V]):
     """Per-series detector memory, bounded: the least recently seen series is dropped first.
 
     A detector instance belongs to one rule and sees every series that rule matches; keeping
-    its memory here stops a long-lived daemon from growing without bound."""
+    its memory here stops a long-lived daemon from growing without bound. It also notes which
+    series' memory may have changed (``get``/``peek`` hand out a mutable value) and which were
+    dropped, so the state store rewrites only those rows (agent/memory.py); the notes are
+    bounded by the cap too: past it, ``reset`` asks for one full rewrite instead."""
 
     def __init__(self, factory: type[V] | Any, cap: int = 1000) -> None:
         self._factory = factory
         self._cap = cap
         self._d: OrderedDict[Labels, V] = OrderedDict()
+        self.changed: set[Labels] = set()   # handed out since the last persist
+        self.removed: set[Labels] = set()   # dropped since the last persist
+        self.reset = False                  # too many drops to list: persist everything
+
+    @property
+    def factory(self) -> type[V] | Any:
+        return self._factory
 
     def get(self, labels: Labels) -> V:
         v = self._d.get(labels)
         if v is None:
             if len(self._d) >= self._cap:
-                self._d.popitem(last=False)
+                self._forget(self._d.popitem(last=False)[0])
             v = self._d[labels] = self._factory()
         else:
             self._d.move_to_end(labels)
+        self.changed.add(labels)
         return v
 
     def peek(self, labels: Labels) -> V | None:
-        return self._d.get(labels)
+        v = self._d.get(labels)
+        if v is not None:
+            self.changed.add(labels)  # the caller may change it
+        return v
 
     def drop(self, labels: Labels) -> None:
-        self._d.pop(labels, None)
+        if self._d.pop(labels, None) is not None:
+            self._forget(labels)
+
+    def items(self) -> list[tuple[Labels, V]]:
+        """Every entry, least recently seen first (a copy: for persisting, not for judging)."""
+        return list(self._d.items())
+
+    def value(self, labels: Labels) -> V | None:
+        """The entry without marking it changed or recently seen."""
+        return self._d.get(labels)
+
+    def restore(self, labels: Labels, value: V) -> None:
+        """Put back a persisted entry (most recently seen last), within the cap."""
+        self._d[labels] = value
+        self._d.move_to_end(labels)
+        while len(self._d) > self._cap:
+            self._d.popitem(last=False)
+
+    def persisted(self) -> None:
+        """Everything noted so far is in the store."""
+        self.changed.clear()
+        self.removed.clear()
+        self.reset = False
+
+    def _forget(self, labels: Labels) -> None:
+        self.changed.discard(labels)
+        if not self.reset:
+            self.removed.add(labels)
+            if len(self.removed) > self._cap:
+                self.reset, self.removed = True, set()
 
     def __len__(self) -> int:
         return len(self._d)

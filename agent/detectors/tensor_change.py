@@ -55,6 +55,23 @@ class _ChangeKind(TensorKind):
     def compare(self, s: Sample, cur: dict[str, Any], prev: _Prev) -> dict[str, Any] | None:
         raise NotImplementedError
 
+    def state(self) -> Any:
+        """The open groups and every remembered weight (bounded by ``max_tensors``)."""
+        return {"open": super().state(),
+                "prev": OrderedDict((k, (p.step, p.stats, p.sketch)) for k, p in self._prev.items())}
+
+    def restore(self, data: Any) -> None:
+        if not isinstance(data, dict) or not isinstance(data.get("prev"), OrderedDict):
+            raise ValueError("expected open groups and previous weights")
+        prev: OrderedDict[tuple[Labels, str], _Prev] = OrderedDict()
+        for key, v in list(data["prev"].items())[-self.params.max_tensors:]:
+            if not (isinstance(key, tuple) and len(key) == 2 and isinstance(v, tuple) and len(v) == 3
+                    and isinstance(v[1], dict) and (v[2] is None or isinstance(v[2], np.ndarray))):
+                raise ValueError("malformed previous weight")
+            prev[key] = _Prev(v[0] if v[0] is None else int(v[0]), v[1], v[2])
+        super().restore(data.get("open"))
+        self._prev = prev
+
     def judge(self, s: Sample, role: Role) -> dict[str, Any] | None:
         key = (s.labels, str(s.attr("tensor", "")))
         cur = {k: s.attr(k) for k in _STATS}

@@ -119,7 +119,25 @@ class TensorKind(Detector[TensorParams]):
             return None
         return role
 
+    # -- memory across restarts (agent/memory.py): the open groups are not PerSeries records ------
+    def state(self) -> Any:
+        return OrderedDict((labels, {k: getattr(g, k) for k in _Group.__slots__}) for labels, g in self._open.items())
+
+    def restore(self, data: Any) -> None:
+        if not isinstance(data, OrderedDict):
+            raise ValueError("expected the open groups")
+        groups: OrderedDict[Labels, _Group] = OrderedDict()
+        for labels, d in list(data.items())[-MAX_OPEN_GROUPS:]:
+            if not isinstance(labels, tuple) or not isinstance(d, dict) or set(d) != set(_Group.__slots__):
+                raise ValueError("malformed open group")
+            g = _Group(d["step"] if d["step"] is None else int(d["step"]))
+            g.count, g.worst_score = int(d["count"]), float(d["worst_score"])
+            g.first, g.worst = _offender(d["first"]), _offender(d["worst"])
+            groups[labels] = g
+        self._open = groups
+
     def observe(self, sample: Sample, series: SeriesState) -> Hit | None:
+        self.memory_dirty = True
         if sample.attr("event") == STEP_END:
             return self._flush(sample.labels)
         hit = None
@@ -163,6 +181,14 @@ class TensorKind(Detector[TensorParams]):
         value = ev.get("value")
         return Hit(labels + (("tensor", tensor),), msg, float(value) if value is not None else None,
                    g.step, s.source, evidence)
+
+
+def _offender(v: Any) -> tuple[Sample, dict[str, Any]] | None:
+    if v is None:
+        return None
+    if not (isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], Sample) and isinstance(v[1], dict)):
+        raise ValueError("malformed offender")
+    return v[0], v[1]
 
 
 def _fmt(v: Any) -> str:

@@ -1,0 +1,449 @@
+"""Detector memory as data: a small explicit JSON codec and the book that persists it.
+
+Why: detectors keep per-series windows (loss-scale decreases, a spike's history, the "active"
+flag of a stateful alert). Without them a restart re-learns from nothing: a firing stateful
+alert never clears, and a window in progress starts over (late alerts, re-pages). The memory is
+written with the offsets and alerts, in the same transaction, so after a restart every detector
+is where the last committed batch left it.
+
+Nothing read back is executed (no pickle): the codec knows a fixed set of tags (tuple, deque,
+dict, OrderedDict, non-finite floats, SourcePos, Sample, numeric numpy arrays), and a detector's
+records are rebuilt by their own zero-argument factory with only their declared fields set,
+each checked against the type of the field's default.
+
+Rows are keyed by the rule's identity (file, group, alert) and a digest of what its memory means
+(kind, params with defaults, label matchers, memory layout): a rule edited between runs starts
+empty, a removed rule's rows are deleted. One row per (rule, PerSeries attribute, series), so a
+batch rewrites only the series it touched.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import math
+from collections import OrderedDict, deque
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from pydantic import BaseModel
+
+from .detectors.base import Detector, PerSeries
+from .model import Labels, Sample, SourcePos
+from .rulefile import Rule
+
+# attribute names read with getattr and passed back as keywords: model.py's classes may change
+# shape (dataclass or __slots__) without changing these
+SOURCE_FIELDS = ("path", "line", "offset")
+SAMPLE_FIELDS = ("labels", "metric", "value", "step", "source", "time", "log_time", "attrs", "producer")
+WHOLE = "*"  # the slot of a detector's explicit state()
+
+
+class CodecError(ValueError):
+    """A value that cannot be stored, or stored data that does not decode."""
+
+
+# -- codec ---------------------------------------------------------------------------------------
+def encode(v: Any) -> Any:
+    """``v`` as JSON-ready data; raises CodecError for a type the codec does not know."""
+    if v is None or isinstance(v, (bool, str, int)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"$f": "nan" if v != v else ("inf" if v > 0 else "-inf")}
+    t = type(v)
+    if t is list:
+        return [encode(x) for x in v]
+    if t is tuple:
+        return {"$t": [encode(x) for x in v]}
+    if t is deque:
+        return {"$q": [encode(x) for x in v], "n": v.maxlen}
+    if t is OrderedDict:
+        return {"$o": [[encode(k), encode(x)] for k, x in v.items()]}
+    if t is dict:
+        if all(type(k) is str and not k.startswith("$") for k in v):
+            return {k: encode(x) for k, x in v.items()}
+        return {"$d": [[encode(k), encode(x)] for k, x in v.items()]}
+    if t is SourcePos:
+        return {"$p": [encode(getattr(v, n)) for n in SOURCE_FIELDS]}
+    if t is Sample:
+        return {"$s": {n: encode(getattr(v, n)) for n in SAMPLE_FIELDS}}
+    if isinstance(v, np.ndarray):
+        if v.dtype.kind not in "biuf":
+            raise CodecError(f"cannot store an array of dtype {v.dtype}")
+        return {"$a": v.dtype.str, "shape": list(v.shape),
+                "b": base64.b64encode(np.ascontiguousarray(v).tobytes()).decode("ascii")}
+    if isinstance(v, np.generic):
+        return encode(v.item())
+    raise CodecError(f"cannot store a {t.__name__}")
+
+
+def decode(d: Any) -> Any:
+    """The value ``encode`` made ``d`` from; raises CodecError for anything else."""
+    if d is None or isinstance(d, (bool, int, float, str)):
+        return d
+    if isinstance(d, list):
+        return [decode(x) for x in d]
+    if not isinstance(d, dict):
+        raise CodecError(f"unexpected {type(d).__name__}")
+    tags = [k for k in d if k.startswith("$")]
+    if not tags:
+        return {k: decode(x) for k, x in d.items()}
+    tag = tags[0]
+    body = d[tag]
+    try:
+        if tag == "$f" and body in ("nan", "inf", "-inf"):
+            return float(body)
+        if tag == "$t":
+            return tuple(decode(x) for x in _list(body))
+        if tag == "$q":
+            n = d.get("n")
+            if n is not None and (type(n) is not int or n < 0):
+                raise CodecError(f"bad deque length {n!r}")
+            return deque((decode(x) for x in _list(body)), maxlen=n)
+        if tag in ("$o", "$d"):
+            pairs = [(decode(k), decode(x)) for k, x in (_pair(p) for p in _list(body))]
+            return OrderedDict(pairs) if tag == "$o" else dict(pairs)
+        if tag == "$p":
+            path, line, offset = _list(body)
+            return SourcePos(path=_typed(path, str), line=_typed(line, int), offset=_typed(offset, int))
+        if tag == "$s":
+            return _sample(body)
+        if tag == "$a":
+            return _array(d)
+    except TypeError as exc:  # e.g. an unhashable key
+        raise CodecError(str(exc)) from exc
+    raise CodecError(f"unknown or malformed tag {tag}")
+
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise CodecError(f"expected a list, got {type(v).__name__}")
+    return v
+
+
+def _pair(p: Any) -> tuple[Any, Any]:
+    if not isinstance(p, list) or len(p) != 2:
+        raise CodecError("expected a [key, value] pair")
+    return p[0], p[1]
+
+
+def _typed(v: Any, *types: type) -> Any:
+    if type(v) not in types:
+        raise CodecError(f"expected {'/'.join(t.__name__ for t in types)}, got {type(v).__name__}")
+    return v
+
+
+def _sample(body: Any) -> Sample:
+    if not isinstance(body, dict) or set(body) != set(SAMPLE_FIELDS):
+        raise CodecError("malformed sample")
+    f = {n: decode(body[n]) for n in SAMPLE_FIELDS}
+    labels = f["labels"]
+    if not isinstance(labels, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in labels):
+        raise CodecError("malformed sample labels")
+    _typed(f["metric"], str)
+    _typed(f["value"], float, int)
+    _typed(f["source"], SourcePos)
+    if not isinstance(f["attrs"], tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in f["attrs"]):
+        raise CodecError("malformed sample attrs")
+    return Sample(**f)
+
+
+def _array(d: dict[str, Any]) -> np.ndarray:
+    try:
+        dtype = np.dtype(_typed(d["$a"], str))
+    except TypeError as exc:
+        raise CodecError(f"bad dtype {d['$a']!r}") from exc
+    shape = tuple(_typed(x, int) for x in _list(d.get("shape")))
+    if dtype.kind not in "biuf" or any(x < 0 for x in shape):
+        raise CodecError(f"bad array {dtype} {shape}")
+    raw = base64.b64decode(_typed(d.get("b"), str), validate=True)
+    if len(raw) != math.prod(shape) * dtype.itemsize:
+        raise CodecError("array size does not match its shape")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+# -- records (a PerSeries' values) -------------------------------------------------------------
+def record_fields(cls: Any) -> tuple[str, ...] | None:
+    """The fields of a detector's record class (dataclass or __slots__); None for a container."""
+    if not isinstance(cls, type):
+        return None
+    if dataclasses.is_dataclass(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+    names: list[str] = []
+    for c in cls.__mro__:
+        slots = c.__dict__.get("__slots__", ())
+        names += [slots] if isinstance(slots, str) else [s for s in slots if s not in ("__dict__", "__weakref__")]
+    return tuple(names) or None
+
+
+def encode_record(factory: Any, value: Any) -> Any:
+    fields = record_fields(factory)
+    if fields is None:
+        return encode(value)
+    return {n: encode(getattr(value, n)) for n in fields}
+
+
+def decode_record(factory: Any, data: Any) -> Any:
+    """A fresh ``factory()`` with the stored fields set; every field must have its default's type."""
+    fresh = factory()
+    fields = record_fields(factory)
+    if fields is None:
+        value = decode(data)
+        if type(value) is not type(fresh):
+            raise CodecError(f"expected {type(fresh).__name__}, got {type(value).__name__}")
+        return value
+    if not isinstance(data, dict):
+        raise CodecError("a record must be an object")
+    hints = {f.name: str(f.type) for f in dataclasses.fields(factory)} if dataclasses.is_dataclass(factory) else {}
+    for name in fields:
+        if name in data:
+            value = decode(data[name])
+            _check_like(getattr(fresh, name), value, name, hints.get(name, ""))
+            setattr(fresh, name, value)
+    return fresh
+
+
+_HINTS: dict[str, tuple[type, ...]] = {"float": (float, int), "int": (int,), "bool": (bool,), "str": (str,),
+                                       "None": (type(None),), "SourcePos": (SourcePos,)}
+_SCALARS = (type(None), int, float, str, SourcePos)
+
+
+def _check_like(default: Any, value: Any, name: str, hint: str) -> None:
+    """A restored field must look like its default (or, where that is None, like its annotation:
+    a simple union of scalars; else any scalar), so a tampered row cannot plant a wrong type."""
+    if default is None:
+        parts = [p.strip() for p in hint.split("|")] if hint else []
+        if parts and all(p in _HINTS for p in parts):
+            allowed = tuple(t for p in parts for t in _HINTS[p])
+        else:
+            allowed = _SCALARS
+        if type(value) not in allowed:
+            raise CodecError(f"field {name}: unexpected {type(value).__name__}")
+        return
+    if isinstance(default, bool) or not isinstance(default, (int, float)):
+        ok = type(value) is type(default)
+    else:  # a float field may hold an int; neither may hold a bool
+        ok = type(value) is int or (type(value) is float and isinstance(default, float))
+    if not ok:
+        raise CodecError(f"field {name}: expected {type(default).__name__}, got {type(value).__name__}")
+
+
+# -- where a detector keeps its memory -----------------------------------------------------------
+def slots_of(det: Detector) -> dict[str, PerSeries]:
+    """The detector's PerSeries, by attribute path (one level of helper objects, e.g. StepQuota)."""
+    out: dict[str, PerSeries] = {}
+    for name, v in vars(det).items():
+        if isinstance(v, PerSeries):
+            out[name] = v
+        elif hasattr(v, "__dict__") and not isinstance(v, (BaseModel, type)):
+            for sub, w in vars(v).items():
+                if isinstance(w, PerSeries):
+                    out[f"{name}.{sub}"] = w
+    return out
+
+
+def explicit(det: Detector) -> bool:
+    return type(det).state is not Detector.state
+
+
+def digest(rule: Rule) -> str:
+    """What the rule's memory means: kind, parameters (with defaults), matchers, memory layout."""
+    det = rule.detector
+    layout = sorted((slot, getattr(ps.factory, "__qualname__", str(ps.factory)), record_fields(ps.factory))
+                    for slot, ps in slots_of(det).items())
+    raw = json.dumps({"kind": rule.spec.kind, "class": type(det).__qualname__,
+                      "params": det.params.model_dump(mode="json"), "match": rule.spec.match.labels,
+                      "layout": layout, "explicit": explicit(det)}, sort_keys=True, default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def rule_keys(rules: Iterable[Rule]) -> list[tuple[Rule, str]]:
+    """Each rule's identity: file, group and alert name (numbered when one file repeats them)."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in rules:
+        key = f"{r.file}|{r.group}|{r.name}"
+        n = seen[key] = seen.get(key, 0) + 1
+        out.append((r, key if n == 1 else f"{key}#{n}"))
+    return out
+
+
+def dump_key(labels: Labels) -> str:
+    return json.dumps([list(p) for p in labels], separators=(",", ":"))
+
+
+def load_key(raw: str) -> Labels:
+    pairs = json.loads(raw)
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2
+                                              and all(type(x) is str for x in p) for p in pairs):
+        raise CodecError(f"bad series key {raw[:80]!r}")
+    return tuple((k, v) for k, v in pairs)
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"), allow_nan=False)
+
+
+def loads(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise CodecError(f"not JSON ({exc})") from exc
+
+
+# -- the book: what changed since the last commit, and putting it back at start ------------------
+@dataclasses.dataclass
+class MemoryDelta:
+    """Rows for one state-store commit."""
+
+    upserts: list[tuple[str, str, str, str, str, int]]  # rule, slot, key, digest, data, seq
+    deletes: list[tuple[str, str, str]]                  # rule, slot, key
+    clear: list[tuple[str, str | None]]                  # rule, slot (None: all of the rule's rows)
+    keep: dict[str, str] | None = None                   # set: delete rows of other rules or digests
+
+    def __bool__(self) -> bool:
+        return bool(self.upserts or self.deletes or self.clear or self.keep is not None)
+
+
+Getter = Callable[[bool], Any]   # full -> data to store, or None when unchanged
+Restorer = Callable[[Any], None]
+
+
+class MemoryBook:
+    """Tracks the rules in force and turns their detectors' memory into rows and back."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[Rule, str, str]] = []  # rule, key, digest
+        self.errors: list[str] = []   # unreadable or unstorable memory; the owner counts them
+        self.extra: dict[str, tuple[Getter, Restorer]] = {}  # non-rule memory (the alert book's)
+        self._prune = True            # next commit: delete rows of removed or edited rules
+        self._full = False            # next commit: rewrite everything (after a failed commit)
+        self._clear_rules: set[str] = set()
+        self._failed: set[str] = set()
+        self._seq = 0
+
+    def set_rules(self, rules: list[Rule]) -> list[Rule]:
+        """Take the rules in force. A rule rebuilt by a reload but unchanged keeps its memory;
+        returns the rules that existed before with other parameters (they start empty)."""
+        old = {key: (dig, r.detector) for r, key, dig in self.entries}
+        self.entries = [(r, key, digest(r)) for r, key in rule_keys(rules)]
+        edited = []
+        for r, key, dig in self.entries:
+            prev = old.get(key)
+            if prev is None or prev[1] is r.detector:
+                continue
+            if prev[0] == dig and type(prev[1]) is type(r.detector):
+                vars(r.detector).update(vars(prev[1]))
+            else:
+                edited.append(r)
+        self._prune = True
+        return edited
+
+    def collect(self) -> MemoryDelta:
+        """The rows that changed since the last call (all of them after ``requeue``)."""
+        delta = MemoryDelta([], [], [])
+        full, self._full = self._full, False
+        if self._prune or full:
+            delta.keep = {key: dig for _, key, dig in self.entries} | {k: "" for k in self.extra}
+            self._prune = False
+        delta.clear += [(key, None) for key in sorted(self._clear_rules)]
+        self._clear_rules.clear()
+        for rule, key, dig in self.entries:
+            if key in self._failed:
+                continue
+            part = MemoryDelta([], [], [])
+            try:
+                self._collect(rule.detector, key, dig, full, part)
+            except CodecError as exc:
+                self._failed.add(key)
+                delta.clear.append((key, None))
+                self.errors.append(f"memory of rule {rule.name} cannot be stored ({exc}); "
+                                   "it will start empty after a restart")
+                continue
+            delta.upserts += part.upserts
+            delta.deletes += part.deletes
+            delta.clear += part.clear
+        for key, (get, _) in self.extra.items():
+            data = get(full)
+            if data is not None:
+                delta.upserts.append((key, WHOLE, "", "", dumps(encode(data)), self._next()))
+        return delta
+
+    def _collect(self, det: Detector, key: str, dig: str, full: bool, out: MemoryDelta) -> None:
+        for slot, ps in slots_of(det).items():
+            if full or ps.reset:
+                out.clear.append((key, slot))
+                keys: Iterable[Labels] = [k for k, _ in ps.items()]
+            else:
+                out.deletes += [(key, slot, dump_key(k)) for k in ps.removed]
+                keys = ps.changed if 4 * len(ps.changed) < len(ps) else \
+                    [k for k, _ in ps.items() if k in ps.changed]  # LRU order, cheaply
+            for k in keys:
+                v = ps.value(k)
+                if v is not None:
+                    out.upserts.append((key, slot, dump_key(k), dig, dumps(encode_record(ps.factory, v)),
+                                        self._next()))
+            ps.persisted()
+        if explicit(det) and (full or det.memory_dirty):
+            out.upserts.append((key, WHOLE, "", dig, dumps(encode(det.state())), self._next()))
+            det.memory_dirty = False
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def requeue(self, delta: MemoryDelta) -> None:
+        """The commit of ``delta`` failed: the next one rewrites everything."""
+        self._full = True
+        self._clear_rules |= {key for key, slot in delta.clear if slot is None}
+
+    def restore(self, rows: Iterable[tuple[str, str, str, str, str, int]]) -> list[Rule]:
+        """Put stored rows (ordered by seq) back into the detectors. Rows of removed rules are
+        ignored (the first commit deletes them); a rule whose rows carry another digest, or one
+        of whose rows does not decode, starts empty. Returns those rules."""
+        by_key = {key: (r, dig) for r, key, dig in self.entries}
+        grouped: dict[str, list[tuple[str, str, str, str, str, int]]] = {}
+        for row in rows:
+            grouped.setdefault(row[0], []).append(row)
+            self._seq = max(self._seq, int(row[5]))
+        dropped: list[Rule] = []
+        for key, rs in grouped.items():
+            if key in self.extra:
+                try:
+                    self.extra[key][1](decode(loads(rs[-1][4])))
+                except (CodecError, ValueError, TypeError, KeyError) as exc:
+                    self.errors.append(f"stored memory {key} is unreadable ({exc}); ignored")
+                continue
+            if key not in by_key:
+                continue
+            rule, dig = by_key[key]
+            if any(r[3] != dig for r in rs):
+                dropped.append(rule)  # edited between runs: its old memory means something else
+                continue
+            try:
+                self._restore(rule.detector, rs)
+            except (CodecError, ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+                fresh = type(rule.detector)(rule.detector.params)
+                vars(rule.detector).clear()
+                vars(rule.detector).update(vars(fresh))
+                self._clear_rules.add(key)
+                dropped.append(rule)
+                self.errors.append(f"stored memory of rule {rule.name} is unreadable "
+                                   f"({type(exc).__name__}: {str(exc)[:200]}); the rule starts empty")
+        return dropped
+
+    @staticmethod
+    def _restore(det: Detector, rows: list[tuple[str, str, str, str, str, int]]) -> None:
+        slots = slots_of(det)
+        for _, slot, raw_key, _, data, _ in rows:
+            if slot == WHOLE:
+                if not explicit(det):
+                    raise CodecError("whole-detector memory for a kind without state()")
+                det.restore(decode(loads(data)))
+                continue
+            ps = slots.get(slot)
+            if ps is None:
+                raise CodecError(f"unknown memory slot {slot!r}")
+            ps.restore(load_key(raw_key), decode_record(ps.factory, loads(data)))
