@@ -1,11 +1,13 @@
 """The dump scanner's statistics equal a naive float64 reference, for every dtype, on random
 arrays with NaN, +-Inf, subnormals, zeros, fp16 saturation, empty and 0-d arrays, non-contiguous
 views and tiny blocks (block and row boundaries everywhere, fast and NaN/Inf paths mixed), with
-one or several threads."""
+one or several threads. Every test runs twice: on the numpy kernels and on the C kernel
+(skipped where it is not built, except in CI, where it must be)."""
 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -13,13 +15,28 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from precision_agent import kernels
 from precision_agent.dumps.scanner import FP16_MAX, ROW, scan_array, scan_file_npy
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="module", autouse=True, params=["numpy", "c"])
+def kernel_mode(request):
+    """Module-scoped (hypothesis refuses function-scoped fixtures): the tests are grouped by mode."""
+    if request.param == "c" and not kernels.built("scan"):
+        assert not IN_CI, "CI builds the scan kernel: precision_agent.dumps._scanc must import"
+        pytest.skip("the C scan kernel is not built here (no compiler at install)")
+    with kernels.forced(request.param):
+        yield request.param
+
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def bf16_to_f64(words: np.ndarray) -> np.ndarray:
-    return (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaN payloads widen to quiet NaNs
+        return (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
 def reference(a: np.ndarray, bf16: bool = False) -> dict:
