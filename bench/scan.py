@@ -4,7 +4,9 @@ against the same fp32 ``a.sum()`` bandwidth (goal >= 0.25), and the peak RSS of 
 scanning a 4 GiB .npy file through ``scan_file_npy`` (goal < 300 MB). A naive
 isnan/isinf/min/max/mean sequence is reported for context. Everything is measured in one run:
 the scanner with one thread (the agent's default, the headline) and with ``--threads`` workers,
-each best of N with all measurements interleaved.
+each best of N with all measurements interleaved. The headline runs the kernel that
+``PRECISION_AGENT_KERNELS=auto`` picks ("c" where the C kernel is built, else "numpy"); the
+numpy kernels are measured beside it in the same rounds, with their own ratios.
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def _ratios(t: dict[str, float], n: int, suffix: str = "") -> dict[str, float]:
 
 def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int | None = None,
         threads: int | None = None) -> dict[str, Any]:
+    from precision_agent import kernels
     from precision_agent.dumps.scanner import DEFAULT_BLOCK, scan_array
 
     block = block or DEFAULT_BLOCK
@@ -102,11 +105,20 @@ def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int 
     a = rng.standard_normal(n, dtype=np.float32)
     h = a.astype(np.float16)
     w = (a.view(np.uint32) >> 16).astype(np.uint16)
+    with kernels.forced("auto"):
+        kernel = kernels.active()["scan"]
+
+    def scan(x: np.ndarray, t: int, mode: str, **kw: Any) -> Any:
+        with kernels.forced(mode):
+            return scan_array(x, block_elems=block, threads=t, **kw)
+
     fns: dict[str, Any] = {"sum": lambda: a.sum()}
-    for suffix, t in (("", 1), ("_par", par)):
-        fns["f32" + suffix] = lambda t=t: scan_array(a, block_elems=block, threads=t)
-        fns["f16" + suffix] = lambda t=t: scan_array(h, block_elems=block, threads=t)
-        fns["bf16" + suffix] = lambda t=t: scan_array(w, dtype="bfloat16", block_elems=block, threads=t)
+    for suffix, t, mode in (("", 1, "auto"), ("_par", par, "auto"), ("_np", 1, "numpy")):
+        if suffix == "_np" and kernel == "numpy":
+            continue  # the headline is the numpy path already
+        fns["f32" + suffix] = lambda t=t, m=mode: scan(a, t, m)
+        fns["f16" + suffix] = lambda t=t, m=mode: scan(h, t, m)
+        fns["bf16" + suffix] = lambda t=t, m=mode: scan(w, t, m, dtype="bfloat16")
     load_before = os.getloadavg()[0]
     wall, cpu = _timed(fns, repeat)
     t_naive = common.best_of(lambda: _naive(a), max(1, repeat // 2))
@@ -119,9 +131,11 @@ def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int 
         child = _rss_child(path, block)
     peak_mb = child["hwm_bytes"] / common.MB
     ratios = _ratios(wall, n)
+    np_suffix = "_np" if "f32_np" in wall else ""
     ratios.update(naive_to_sum=wall["sum"] / t_naive, peak_rss_to_goal=peak_mb / GOAL_PEAK_RSS_MB)
     return {
         "bench": "scan", "date": common.now_iso(), "host": common.host_info(),
+        "kernel": kernel,
         "params": {"size_mib": size_mib, "file_mib": file_mib, "file_bytes": fsize, "repeat": repeat,
                    "block_elems": block, "threads": par},
         "goal": {"f32_ratio": GOAL_F32_RATIO, "half_bytes_ratio": GOAL_HALF_BYTES_RATIO,
@@ -135,6 +149,10 @@ def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int 
         # (insensitive to other processes taking the core away, not to their cache traffic)
         "parallel": {"threads": par, "scan_f32_s": wall["f32_par"], "scan_f16_s": wall["f16_par"],
                      "scan_bf16_s": wall["bf16_par"], "ratios": _ratios(wall, n, "_par")},
+        # the numpy kernels in the same rounds (the same numbers as the headline where it is numpy)
+        "numpy_path": {"scan_f32_s": wall["f32" + np_suffix], "scan_f16_s": wall["f16" + np_suffix],
+                       "scan_bf16_s": wall["bf16" + np_suffix], "ratios": _ratios(wall, n, np_suffix),
+                       "cpu_ratios": _ratios(cpu, n, np_suffix)},
         "cpu_time": {"sum_s": cpu["sum"], "scan_f32_s": cpu["f32"], "scan_f16_s": cpu["f16"],
                      "scan_bf16_s": cpu["bf16"], "ratios": _ratios(cpu, n)},
     }
@@ -142,17 +160,18 @@ def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int 
 
 def report(res: dict[str, Any]) -> str:
     p, r = res["params"], res["ratios"]
-    par, cpu = res["parallel"], res["cpu_time"]["ratios"]
+    par, cpu, npy = res["parallel"], res["cpu_time"]["ratios"], res["numpy_path"]["ratios"]
 
     def line(label: str, key: str, goal: float) -> str:
         v = r[key]
         verdict = "within goal" if v >= goal else "BELOW GOAL"
         return (f"  {label}: {v:.3f} (goal >= {goal}: {verdict}); by CPU time {cpu[key]:.3f}; "
-                f"{par['threads']} threads {par['ratios'][key]:.3f}")
+                f"{par['threads']} threads {par['ratios'][key]:.3f}; numpy kernels {npy[key]:.3f}")
 
     return "\n".join([
         f"scan: {p['size_mib']} MiB fp32 array, block {p['block_elems']} elements, best of {p['repeat']} "
-        f"(load average {res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f})",
+        f"(load average {res['loadavg_1min'][0]:.1f} -> {res['loadavg_1min'][1]:.1f}); "
+        f"kernel: {res['kernel']} (auto), numpy kernels measured beside it",
         f"  a.sum() {res['sum_s']:.3f} s ({res['sum_gb_per_s']:.1f} GB/s); scan_array {res['scan_f32_s']:.3f} s; "
         f"naive isnan/isinf/min/max/mean: ratio {r['naive_to_sum']:.3f}",
         line("fp32 scan / a.sum() throughput", "f32_to_sum", GOAL_F32_RATIO),
