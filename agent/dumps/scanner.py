@@ -11,12 +11,14 @@ Statistics semantics
 * ``min`` / ``max`` / ``mean`` / ``l2norm``: over the FINITE elements only; ``None`` when there
   are none. ``mean`` = sum / finite count, ``l2norm`` = sqrt(sum of squares); partial sums are
   combined with ``math.fsum``. float64, integer and bool tensors are summed in float64 (error
-  ~1e-15 of ``sum(|x|)``). float32, float16 and bfloat16 tensors are summed in float32 within
-  rows of ``ROW`` elements (BLAS dots with FMA and >= 32 partial sums) and in float64 across
-  rows: error below ~1e-5 of ``mean(|x|)`` resp. of the norm (typically 1e-7), under the input's
-  own rounding for half types. A float32 block with magnitudes outside 2^-50..2^50 (where
-  float32 squares could overflow or lose precision) is summed in float64 instead. float64 input
-  above ~1e154 can overflow the sum of squares to Inf, exactly as a float64 reference would.
+  ~1e-15 of ``sum(|x|)``). float32, float16 and bfloat16 tensors are summed in float32 over
+  short runs and in float64 across them: numpy kernels, rows of ``ROW`` elements (BLAS dots
+  with FMA and >= 32 partial sums); C kernel, 16 lanes of pair sums over 1024-element chunks (32
+  additions per lane). Error below ~1e-5 of ``mean(|x|)`` resp. of the norm (typically 1e-7), under the
+  input's own rounding for half types. A float32-range block with magnitudes outside
+  2^-50..2^50 (where float32 squares could overflow or lose precision) is summed in float64
+  instead, as is a block holding NaN/Inf in the C kernel. float64 input above ~1e154 can
+  overflow the sum of squares to Inf, exactly as a float64 reference would.
 * ``zero_fraction``: zeros (+0 and -0) / count; ``None`` when count == 0.
 * ``fp16_saturated``: for float16 tensors, how many finite elements have |x| >= 65504 (the
   largest finite half: older Ascend chips saturate there instead of producing Inf); 0 otherwise.
@@ -24,12 +26,23 @@ Statistics semantics
 * ``dtype="bfloat16"``: the array holds raw bfloat16 words (uint16), converted exactly by
   placing the word in the high half of a uint32 viewed as float32.
 
-Speed (bench/scan.py): an all-finite block is recognised from its min and max (NaN propagates
-through both, ±Inf shows in them), so NaN/Inf counting runs only on blocks that hold some.
-float16/bfloat16 blocks get min, max, the NaN/Inf check and whether ±0 occur from integer
-reductions on the raw words (their bit patterns order like sign-magnitude integers); only the
-sums need float32 values. BLAS dots are cut into rows of ``ROW`` elements because OpenBLAS
-runs longer ones on its own threads: the scanner uses exactly ``threads`` cores.
+Speed (bench/scan.py): two interchangeable block kernels give the same statistics (within the
+tolerances above); ``kernels.get("scan")`` picks per ``scan_array`` call (agent/kernels.py,
+``PRECISION_AGENT_KERNELS``).
+
+* C (``_scanc.c``, built where a compiler was at install): one pass per block over float32,
+  float64, float16 and bfloat16 (raw words) in vector lanes: min, max, zeros, sums. A NaN/Inf
+  shows in the block's sum (float16 NaN/Inf words in its min/max), and only then, or when a
+  float32-range block leaves the safe range, a careful float64 loop rescans the block and
+  counts them. It runs at about memory speed for float32/float64 and releases the GIL
+  (``threads`` workers run at once). Blocks it declines (misaligned, strided, non-native order) and integer/bool tensors
+  take the numpy kernels.
+* numpy (``scan_kernels.py``): an all-finite block is recognised from its min and max (NaN
+  propagates through both, ±Inf shows in them), so NaN/Inf counting runs only on blocks that
+  hold some. float16/bfloat16 blocks get min, max, the NaN/Inf check and whether ±0 occur from
+  integer reductions on the raw words (their bit patterns order like sign-magnitude integers);
+  only the sums need float32 values. BLAS dots are cut into rows of ``ROW`` elements because
+  OpenBLAS runs longer ones on its own threads: the scanner uses exactly ``threads`` cores.
 """
 
 from __future__ import annotations
