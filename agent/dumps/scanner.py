@@ -35,8 +35,8 @@ tolerances above); ``kernels.get("scan")`` picks per ``scan_array`` call (agent/
   shows in the block's sum (float16 NaN/Inf words in its min/max), and only then, or when a
   float32-range block leaves the safe range, a careful float64 loop rescans the block and
   counts them. It runs at about memory speed for float32/float64 and releases the GIL
-  (``threads`` workers run at once). Blocks it declines (misaligned, strided, non-native order) and integer/bool tensors
-  take the numpy kernels.
+  (``threads`` workers run at once). Blocks it declines (misaligned, strided, non-native
+  order) and integer/bool tensors take the numpy kernels.
 * numpy (``scan_kernels.py``): an all-finite block is recognised from its min and max (NaN
   propagates through both, ±Inf shows in them), so NaN/Inf counting runs only on blocks that
   hold some. float16/bfloat16 blocks get min, max, the NaN/Inf check and whether ±0 occur from
