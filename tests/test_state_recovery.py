@@ -121,3 +121,111 @@ def test_unreadable_rows_are_skipped_and_reported(tmp_path):
         assert len(errors) == 2 and "table alerts" in errors[0] and "table offsets" in errors[1]
     finally:
         again.close()
+
+
+# -- detector memory across a restart of the real daemon ----------------------------------------------
+from agentproc import AgentProcess, write_megatron  # noqa: E402
+from conftest import wait_for  # noqa: E402
+
+DECREASING = """
+groups:
+  - name: scale
+    rules:
+      - alert: ScaleDecreasing
+        kind: loss_scale
+        params: {condition: decreases, min_decreases: 3, window: WINDOW, warmup_steps: 20}
+        labels: {severity: ticket}
+"""
+
+
+def _agent(tmp_path, window: int = 2000) -> AgentProcess:
+    logs, rules = tmp_path / "logs", tmp_path / "rules"
+    logs.mkdir(exist_ok=True)
+    rules.mkdir(exist_ok=True)
+    (rules / "scale.yml").write_text(DECREASING.replace("WINDOW", str(window)))
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(f"default_rules: false\nrule_dirs: [{rules}]\nevaluation_interval: 200ms\n")
+    return AgentProcess(logs, tmp_path / "state", "--config", str(cfg))
+
+
+def _at_step(agent: AgentProcess, step: int) -> None:
+    wait_for(lambda: agent.metric("precision_agent_training_step") == step, what=f"step {step} read")
+
+
+def _firing(agent: AgentProcess) -> list[dict]:
+    return [a for a in agent.alerts() if a["alertname"] == "ScaleDecreasing" and a["state"] == "firing"]
+
+
+def _first_run(tmp_path, backoffs: list[str], window: int = 2000) -> str:
+    """Warm up past step 20, then one 10-step interval per scale in ``backoffs``; stop cleanly."""
+    log = tmp_path / "logs" / "train.log"
+    agent = _agent(tmp_path, window).start()
+    try:
+        write_megatron(log, 1, 30, scale="65536.0")
+        for i, scale in enumerate(backoffs):
+            write_megatron(log, 31 + 10 * i, 40 + 10 * i, scale=scale)
+        _at_step(agent, 30 + 10 * len(backoffs))
+        assert agent.stop() == 0
+        return agent.stderr()
+    finally:
+        agent.kill()
+
+
+def test_collapse_split_across_a_restart_fires_once_after_it(tmp_path):
+    before = _first_run(tmp_path, ["32768.0", "16384.0"])  # two decreases: fewer than min_decreases
+    assert "ScaleDecreasing FIRING" not in before and "stopped; state saved" in before
+    agent = _agent(tmp_path).start()
+    try:
+        write_megatron(tmp_path / "logs" / "train.log", 51, 60, scale="8192.0")  # the third, after the restart
+        wait_for(lambda: _firing(agent), what="ScaleDecreasing firing after the restart")
+        (alert,) = _firing(agent)
+        evidence = alert["evidence"]["evidence"]
+        assert evidence["decreases"] == 3 and evidence["since_step"] == 31 and alert["evidence"]["step"] == 51
+        assert agent.stderr().count("alert ScaleDecreasing FIRING") == 1
+    finally:
+        agent.kill()
+
+
+def test_firing_stateful_alert_resolves_after_a_restart(tmp_path):
+    before = _first_run(tmp_path, ["32768.0", "16384.0", "8192.0"])
+    assert before.count("alert ScaleDecreasing FIRING") == 1  # fired before the restart
+    agent = _agent(tmp_path).start()
+    try:
+        assert len(_firing(agent)) == 1  # restored, not re-paged
+        write_megatron(tmp_path / "logs" / "train.log", 61, 70, scale="16384.0")  # the scale grows again
+        wait_for(lambda: not _firing(agent), what="ScaleDecreasing resolved after the scale recovered")
+        assert "alert ScaleDecreasing resolved" in agent.stderr()
+        assert "ScaleDecreasing FIRING" not in agent.stderr()  # never re-paged
+    finally:
+        agent.kill()
+
+
+def test_rule_edited_between_runs_starts_empty(tmp_path):
+    _first_run(tmp_path, ["32768.0", "16384.0"])
+    agent = _agent(tmp_path, window=1500).start()  # another window: another meaning of the memory
+    try:
+        write_megatron(tmp_path / "logs" / "train.log", 51, 60, scale="8192.0")
+        _at_step(agent, 60)
+        write_megatron(tmp_path / "logs" / "train.log", 61, 62, scale="8192.0")
+        _at_step(agent, 62)
+        assert _firing(agent) == []  # one decrease since the restart; the two before are forgotten
+    finally:
+        agent.kill()
+
+
+def test_corrupt_memory_row_is_counted_and_the_agent_starts(tmp_path):
+    _first_run(tmp_path, ["32768.0", "16384.0", "8192.0"])
+    db = sqlite3.connect(tmp_path / "state" / DB_NAME)
+    assert db.execute("UPDATE memory SET data='{\"decreases\": [[1, 2' WHERE rule LIKE '%ScaleDecreasing'").rowcount
+    db.commit()
+    db.close()
+    agent = _agent(tmp_path).start()
+    try:
+        wait_for(lambda: agent.metric("precision_agent_errors_total", kind="state") == 1, what="state error counted")
+        assert "stored memory of rule ScaleDecreasing is unreadable" in agent.stderr()
+        # its memory is gone, so its firing alert could never clear: it resolves instead of hanging
+        wait_for(lambda: not _firing(agent), what="alert of the emptied rule resolved")
+        write_megatron(tmp_path / "logs" / "train.log", 61, 70, scale="4096.0")
+        _at_step(agent, 70)  # and the agent goes on reading
+    finally:
+        agent.kill()
