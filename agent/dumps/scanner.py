@@ -14,11 +14,11 @@ Statistics semantics
   ~1e-15 of ``sum(|x|)``). float32, float16 and bfloat16 tensors are summed in float32 over
   short runs and in float64 across them: numpy kernels, rows of ``ROW`` elements (BLAS dots
   with FMA and >= 32 partial sums); C kernel, 16 lanes of pair sums over 1024-element chunks
-  (32 additions per lane). Error below ~1e-5 of ``mean(|x|)`` resp. of the norm (typically 1e-7), under the
-  input's own rounding for half types. A float32-range block with magnitudes outside
-  2^-50..2^50 (where float32 squares could overflow or lose precision) is summed in float64
-  instead, as is a block holding NaN/Inf in the C kernel. float64 input above ~1e154 can
-  overflow the sum of squares to Inf, exactly as a float64 reference would.
+  (32 additions per lane). Error below ~1e-5 of ``mean(|x|)`` resp. of the norm (typically
+  1e-7), under the input's own rounding for half types. A float32-range block with
+  magnitudes outside 2^-50..2^50 (where float32 squares could overflow or lose precision) is
+  summed in float64 instead, as is a block holding NaN/Inf in the C kernel. float64 input
+  above ~1e154 can overflow the sum of squares to Inf, exactly as a float64 reference would.
 * ``zero_fraction``: zeros (+0 and -0) / count; ``None`` when count == 0.
 * ``fp16_saturated``: for float16 tensors, how many finite elements have |x| >= 65504 (the
   largest finite half: older Ascend chips saturate there instead of producing Inf); 0 otherwise.
