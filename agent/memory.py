@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -54,11 +55,13 @@ def encode(v: Any) -> Any:
         return v if math.isfinite(v) else {"$f": "nan" if v != v else ("inf" if v > 0 else "-inf")}
     t = type(v)
     if t is list:
-        return [encode(x) for x in v]
+        return _plain(v) or [encode(x) for x in v]
     if t is tuple:
-        return {"$t": [encode(x) for x in v]}
+        return {"$t": _plain(v) or [encode(x) for x in v]}
     if t is deque:
-        return {"$q": [encode(x) for x in v], "n": v.maxlen}
+        if v and all(map(_plain_tuple, v)):  # windows of (step, count): the common case, kept cheap
+            return {"$qt": [list(x) for x in v], "n": v.maxlen}
+        return {"$q": _plain(v) or [encode(x) for x in v], "n": v.maxlen}
     if t is OrderedDict:
         return {"$o": [[encode(k), encode(x)] for k, x in v.items()]}
     if t is dict:
@@ -79,6 +82,21 @@ def encode(v: Any) -> Any:
     raise CodecError(f"cannot store a {t.__name__}")
 
 
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
+def _plain(v: list | tuple | deque) -> list | None:
+    """``v`` as a list when every item is JSON as it is (finite floats, ints, str, bool, None)."""
+    if not v or not set(map(type, v)) <= _PLAIN:
+        return None
+    floats = [x for x in v if type(x) is float]
+    return list(v) if all(map(math.isfinite, floats)) else None
+
+
+def _plain_tuple(x: Any) -> bool:
+    return type(x) is tuple and _plain(x) is not None
+
+
 def decode(d: Any) -> Any:
     """The value ``encode`` made ``d`` from; raises CodecError for anything else."""
     if d is None or isinstance(d, (bool, int, float, str)):
@@ -97,10 +115,12 @@ def decode(d: Any) -> Any:
             return float(body)
         if tag == "$t":
             return tuple(decode(x) for x in _list(body))
-        if tag == "$q":
+        if tag in ("$q", "$qt"):
             n = d.get("n")
             if n is not None and (type(n) is not int or n < 0):
                 raise CodecError(f"bad deque length {n!r}")
+            if tag == "$qt":
+                return deque((tuple(_plain(_list(x)) or _bad("a tuple of scalars")) for x in _list(body)), maxlen=n)
             return deque((decode(x) for x in _list(body)), maxlen=n)
         if tag in ("$o", "$d"):
             pairs = [(decode(k), decode(x)) for k, x in (_pair(p) for p in _list(body))]
@@ -115,6 +135,10 @@ def decode(d: Any) -> Any:
     except TypeError as exc:  # e.g. an unhashable key
         raise CodecError(str(exc)) from exc
     raise CodecError(f"unknown or malformed tag {tag}")
+
+
+def _bad(what: str) -> Any:
+    raise CodecError(f"expected {what}")
 
 
 def _list(v: Any) -> list[Any]:
@@ -270,8 +294,9 @@ def rule_keys(rules: Iterable[Rule]) -> list[tuple[Rule, str]]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def dump_key(labels: Labels) -> str:
-    return json.dumps([list(p) for p in labels], separators=(",", ":"))
+    return _JSON.encode([list(p) for p in labels])
 
 
 def load_key(raw: str) -> Labels:
@@ -282,8 +307,11 @@ def load_key(raw: str) -> Labels:
     return tuple((k, v) for k, v in pairs)
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # one encoder: json.dumps builds one per call
+
+
 def dumps(data: Any) -> str:
-    return json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return _JSON.encode(data)
 
 
 def loads(raw: str) -> Any:

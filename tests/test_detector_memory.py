@@ -286,3 +286,57 @@ def test_per_series_notes_changes_and_drops_within_its_cap():
     for i in range(5, 12):
         ps.get(((str(i), "x"),))
     assert ps.reset and not ps.removed  # more drops than the cap: one full rewrite instead
+
+
+def test_tensor_kinds_restore_their_explicit_state():
+    """weight_not_changed remembers each weight (stats + sketch) and the step's open group through
+    state()/restore(), as data: a restart between two dumped steps still compares them."""
+    from precision_agent.detectors.tensor_change import NotChangedParams, WeightNotChangedDetector
+    from precision_agent.dumps.watchpoints import DUMP_TENSOR, STEP_END
+    from precision_agent.memory import dumps, loads
+    from precision_agent.series import SeriesState
+
+    def weight(step: int, name: str) -> Sample:
+        attrs = (("tensor", name), ("role", "weight"), ("fn", ""), ("bias", False), ("count", 8), ("min", -1.0),
+                 ("max", 1.0), ("mean", 0.0), ("l2norm", 2.0), ("sketch", np.linspace(-1, 1, 8)), ("step", step))
+        return Sample(LABELS, DUMP_TENSOR, 0.0, None, SourcePos(f"/d/step{step}", 0), float(step), None, attrs)
+
+    end = [Sample(LABELS, DUMP_TENSOR, 0.0, None, SourcePos(f"/d/step{s}", 0), float(s), None,
+                  (("event", STEP_END), ("step", s))) for s in (1, 2)]
+    series = SeriesState(LABELS)
+    feed = [weight(1, "fc.weight"), weight(1, "fc2.weight"), end[0], weight(2, "fc.weight"), weight(2, "fc2.weight"),
+            end[1]]
+    whole = WeightNotChangedDetector(NotChangedParams())
+    expected = [h for h in (whole.observe(s, series) for s in feed) if h is not None]
+    assert len(expected) == 1 and expected[0].evidence["offenders"] == 2
+    for split in range(1, len(feed)):
+        first = WeightNotChangedDetector(NotChangedParams())
+        got = [h for h in (first.observe(s, series) for s in feed[:split]) if h is not None]
+        assert first.memory_dirty
+        again = WeightNotChangedDetector(NotChangedParams())
+        again.restore(decode(loads(dumps(encode(first.state())))))
+        got += [h for h in (again.observe(s, series) for s in feed[split:]) if h is not None]
+        assert [(h.labels, h.evidence, h.step) for h in got] == [(h.labels, h.evidence, h.step) for h in expected]
+
+
+def test_keep_firing_for_wait_survives_a_restart(tmp_path):
+    """A stateful alert whose condition cleared waits keep_firing_for; a restart in that wait must
+    still resolve it (the alert book's clear times are persisted with the memory)."""
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "r.yml").write_text(RULES.replace("        params: {condition: decreases",
+                                                   "        keep_firing_for: 60s\n        params: {condition: decreases"))
+    samples = [s for s in stream() if s.step <= 100]  # the collapse, then the recovery at 100
+    p1 = Pipeline(load_rules([rules_dir]))
+    p1.process(samples)
+    (dec,) = [a for a in p1.alerts.alerts.values() if a.rule == "Decreasing"]
+    assert dec.state.value == "firing" and p1.alerts.cleared_since()
+    store = StateStore(tmp_path / "st")
+    store.commit(alerts=list(p1.alerts.alerts.values()), memory=p1.memory_delta())
+    p2 = Pipeline(load_rules([rules_dir]))
+    p2.alerts.load(store.load_alerts())
+    p2.restore_memory(store.load_memory(), 0.0)
+    store.close()
+    p2.tick(1100.0 + 61)
+    (dec,) = [a for a in p2.alerts.alerts.values() if a.rule == "Decreasing"]
+    assert dec.state.value == "resolved"
