@@ -30,7 +30,7 @@ from .readers.tailer import TailPosition
 from .series import SeriesState
 
 if TYPE_CHECKING:
-    from .memory import MemoryDelta
+    from .pipeline import MemoryDelta
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")

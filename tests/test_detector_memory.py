@@ -226,7 +226,6 @@ def test_store_from_before_the_memory_table_is_migrated(tmp_path):
 
 
 def test_memory_rows_follow_evictions_and_stay_bounded(tmp_path):
-    from precision_agent.memory import MemoryBook, rule_keys  # noqa: F401  (the book is what the daemon uses)
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
     (rules_dir / "r.yml").write_text(RULES)
