@@ -5,6 +5,7 @@ blocks or shortcuts; property-based over dtypes, shapes, NaN/Inf, zeros, subnorm
 from __future__ import annotations
 
 import math
+import os
 import tracemalloc
 
 import numpy as np
@@ -15,9 +16,21 @@ from hypothesis.extra import numpy as hnp
 from precision_agent.compare.metrics import (
     DEFAULT_BLOCK, METRIC_NAMES, RATIO_NAMES, REASON_EMPTY, REASON_NONFINITE, REASON_SCALAR,
     REASON_ZERO_X, REASON_ZERO_Y, compare_arrays, compare_stats)
+from precision_agent import kernels
 from precision_agent.model import TensorStats
 
 EPS = np.finfo(float).eps
+
+
+@pytest.fixture(autouse=True, params=["numpy", "c"])
+def kernel_mode(request):
+    """Every test here runs on both block kernels: numpy's and the compiled one (which must be
+    built in CI)."""
+    if request.param == "c" and not kernels.built("compare"):
+        assert os.environ.get("CI") != "true", "the C compare kernel must be built in CI"
+        pytest.skip("C compare kernel not built")
+    with kernels.forced(request.param):
+        yield request.param
 EPS32 = float(np.finfo(np.float32).eps)
 ALL = METRIC_NAMES + RATIO_NAMES
 

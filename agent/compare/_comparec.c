@@ -1,4 +1,463 @@
+/* One-pass block kernels of the dump comparison (see agent/compare/metrics.py for what each
+ * number means and agent/compare/blocks_c.py for how blocks reach here).
+ *
+ * numpy needs one pass per operation over a block (~30 of them for a differing block); these
+ * loops read each element pair once and keep every partial sum in registers. Inputs are
+ * float32, float16 or bfloat16 words (kind 0, 1, 2), contiguous, native order and aligned:
+ * anything else is refused with ValueError and the caller keeps numpy. Sums run in float64
+ * over LANES independent accumulators (a fixed order, so a result does not depend on the CPU
+ * or on which SIMD clone runs), returned per block and folded by the caller with math.fsum.
+ * A block holding NaN/Inf gives None: the caller's numpy path applies the NaN/Inf policy.
+ * No -ffast-math: the NaN tests and the ratio thresholds depend on IEEE comparisons.
+ */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-static struct PyModuleDef D = {PyModuleDef_HEAD_INIT, "_comparec", NULL, -1, NULL};
-PyMODINIT_FUNC PyInit__comparec(void) { return PyModule_Create(&D); }
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CLONES
+#endif
+
+#define LANES 8
+#define K_F32 0
+#define K_F16 1
+#define K_BF16 2
+
+static const double EPS64 = 2.220446049250313e-16;     /* np.finfo(float).eps = 2^-52 */
+static const double EPS32 = 1.1920928955078125e-07;    /* np.finfo(np.float32).eps = 2^-23 */
+static const double R1 = 0.001, R5 = 0.005;            /* msprobe's error-ratio thresholds */
+
+/* -- words to float32 values ------------------------------------------------------------------ */
+static inline float f_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t u_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline double d_bits(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
+static inline uint64_t q_bits(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+
+/* IEEE half to float: the exponent/mantissa bits moved into a float's field and rebiased by a
+ * multiply with 2^112 (exact, and right for subnormals too); Inf/NaN words map to Inf/NaN. */
+static inline float half_to_float(uint16_t h) {
+    uint32_t em = h & 0x7fffu, sign = (uint32_t)(h & 0x8000u) << 16;
+    float v = f_bits(em << 13) * 0x1p112f;
+    uint32_t bits = em >= 0x7c00u ? (0x7f800000u | (em << 13)) : u_bits(v);
+    return f_bits(bits | sign);
+}
+
+static inline double load(const void *p, Py_ssize_t i, int kind) {
+    if (kind == K_F32) return (double)((const float *)p)[i];
+    uint16_t w = ((const uint16_t *)p)[i];
+    if (kind == K_F16) return (double)half_to_float(w);
+    return (double)f_bits((uint32_t)w << 16);
+}
+
+static const double LN2 = 0.6931471805599453;
+
+/* -- argument checking --------------------------------------------------------------------------- */
+static int item_size(int kind) { return kind == K_F32 ? 4 : 2; }
+
+/* A contiguous, aligned, native-order buffer of `kind` words; returns the element count or -1
+ * (ValueError set, buffer released). */
+static Py_ssize_t get_words(PyObject *obj, int kind, Py_buffer *view) {
+    if (kind < K_F32 || kind > K_BF16) {
+        PyErr_SetString(PyExc_ValueError, "unknown kind");
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    const char *f = view->format ? view->format : "B";
+    int sz = item_size(kind);
+#if PY_BIG_ENDIAN
+    if (*f == '@' || *f == '=' || *f == '>' || *f == '!') f++;
+#else
+    if (*f == '@' || *f == '=' || *f == '<') f++;
+#endif
+    int code_ok = f[0] && !f[1]
+        && (kind == K_F32 ? f[0] == 'f' : (kind == K_F16 ? f[0] == 'e' : (f[0] == 'H' || f[0] == 'e')));
+    if (!code_ok || view->itemsize != sz || view->len % sz || ((uintptr_t)view->buf) % (uintptr_t)sz) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "not a contiguous aligned native buffer of that kind");
+        return -1;
+    }
+    return view->len / sz;
+}
+
+/* -- the range pre-pass ----------------------------------------------------------------------------
+ * Min and max of the float32 values through order-preserving integer keys of the words (flip the
+ * magnitude bits of negatives); a key beyond ±Inf's means NaN/Inf in the block, which then gets
+ * an exact second loop: extremes of the finite values and 0 (the main pass zeroes NaN/Inf). */
+static inline int32_t key32(uint32_t w) { int32_t s = (int32_t)w; return s ^ ((s >> 31) & 0x7fffffff); }
+static inline int32_t key16(uint16_t w) { int32_t s = (int16_t)w; return s ^ ((s >> 15) & 0x7fff); }
+
+typedef int v16i __attribute__((vector_size(64)));
+typedef short v32s __attribute__((vector_size(64)));
+
+/* Lane-wise min/max of the keys of n words of type T, VT holding sizeof(VT)/sizeof(T) of them;
+ * KEYV flips a vector of words into keys (arithmetic shifts: the sign spreads). */
+#define RANGE_LOOP(T, VT, SHIFT, MASK, KEY1)                                                  \
+    {                                                                                         \
+        const T *w = p;                                                                       \
+        enum { NL = sizeof(VT) / sizeof(T) };                                                 \
+        VT lo, hi;                                                                            \
+        for (int j = 0; j < NL; j++) { lo[j] = (T)(-(1LL << (SHIFT)) ); hi[j] = lo[j]; }     \
+        lo = ~lo; /* the largest key: 0111…1 */                                              \
+        for (; i + NL <= n; i += NL) {                                                        \
+            VT k;                                                                             \
+            memcpy(&k, w + i, sizeof k);                                                      \
+            k ^= (k >> (SHIFT)) & (T)(MASK);                                                  \
+            lo = (VT)((k < lo) & k) | (VT)(~(k < lo) & lo);                                   \
+            hi = (VT)((k > hi) & k) | (VT)(~(k > hi) & hi);                                   \
+        }                                                                                     \
+        for (int j = 0; j < NL; j++) {                                                        \
+            *lo_k = lo[j] < *lo_k ? lo[j] : *lo_k;                                            \
+            *hi_k = hi[j] > *hi_k ? hi[j] : *hi_k;                                            \
+        }                                                                                     \
+        for (; i < n; i++) {                                                                  \
+            int32_t k = KEY1(w[i]);                                                           \
+            *lo_k = k < *lo_k ? k : *lo_k;                                                    \
+            *hi_k = k > *hi_k ? k : *hi_k;                                                    \
+        }                                                                                     \
+    }
+
+CLONES static void range_keys(const void *p, Py_ssize_t n, int kind, int32_t *lo_k, int32_t *hi_k) {
+    Py_ssize_t i = 0;
+    *lo_k = INT32_MAX;
+    *hi_k = INT32_MIN;
+    if (kind == K_F32) RANGE_LOOP(int32_t, v16i, 31, 0x7fffffff, key32)
+    else RANGE_LOOP(int16_t, v32s, 15, 0x7fff, key16)
+}
+
+static double key_value(int32_t k, int kind) {
+    if (kind == K_F32) return (double)f_bits((uint32_t)(k ^ ((k >> 31) & 0x7fffffff)));
+    uint16_t w = (uint16_t)(k ^ ((k >> 15) & 0x7fff));
+    return load(&w, 0, kind);
+}
+
+static PyObject *py_range(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    int kind;
+    if (!PyArg_ParseTuple(args, "Oi", &obj, &kind)) return NULL;
+    Py_buffer v;
+    Py_ssize_t n = get_words(obj, kind, &v);
+    if (n < 0) return NULL;
+    if (n == 0) { PyBuffer_Release(&v); PyErr_SetString(PyExc_ValueError, "empty block"); return NULL; }
+    int32_t lo_k, hi_k;
+    double lo, hi;
+    Py_BEGIN_ALLOW_THREADS
+    range_keys(v.buf, n, kind, &lo_k, &hi_k);
+    int32_t top = kind == K_F32 ? key32(0x7f7fffffu) : key16(kind == K_F16 ? 0x7bffu : 0x7f7fu);
+    if (lo_k >= -top - 1 && hi_k <= top) {   /* key(-max) == -top - 1 */
+        lo = key_value(lo_k, kind);
+        hi = key_value(hi_k, kind);
+    } else {                                  /* NaN/Inf somewhere: they count as 0 */
+        lo = 0.0;
+        hi = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double x = load(v.buf, i, kind);
+            if (isfinite(x)) { lo = x < lo ? x : lo; hi = x > hi ? x : hi; }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    return Py_BuildValue("dd", lo, hi);
+}
+
+/* -- the main pass ------------------------------------------------------------------------------
+ * GCC/clang vector extensions, eight float64 lanes (zmm with AVX-512, two ymm with AVX2, four
+ * xmm otherwise: the same lanes and order, so the same sums, on every CPU). */
+typedef double v8d __attribute__((vector_size(64)));
+typedef long long v8l __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+typedef unsigned int v8u __attribute__((vector_size(32)));
+typedef unsigned short v8h __attribute__((vector_size(16)));
+
+static inline __attribute__((always_inline)) v8d sel(v8l m, v8d a, v8d b) { return (v8d)((m & (v8l)a) | (~m & (v8l)b)); }
+static inline __attribute__((always_inline)) v8d vabs(v8d v) { return (v8d)((v8l)v & 0x7fffffffffffffffLL); }
+static inline __attribute__((always_inline)) v8d splat(double v) { return (v8d){v, v, v, v, v, v, v, v}; }
+
+static inline __attribute__((always_inline)) v8d vload(const void *p, Py_ssize_t i, int kind) {
+    if (kind == K_F32) {
+        v8f f;
+        memcpy(&f, (const float *)p + i, sizeof f);
+        return __builtin_convertvector(f, v8d);
+    }
+    v8h w;
+    memcpy(&w, (const uint16_t *)p + i, sizeof w);
+    v8u u = __builtin_convertvector(w, v8u);
+    if (kind == K_BF16) return __builtin_convertvector((v8f)(u << 16), v8d);
+    v8u em = u & 0x7fffu, sign = (u & 0x8000u) << 16;     /* half_to_float, eight at a time */
+    v8f v = (v8f)(em << 13) * 0x1p112f;
+    v8i special = (v8i)(em >= 0x7c00u);
+    v8i bits = (special & (v8i)(0x7f800000u | (em << 13))) | (~special & (v8i)v);
+    return __builtin_convertvector((v8f)((v8u)bits | sign), v8d);
+}
+
+/* log(p/q) for p, q >= float32 eps (both normal): q is scaled by 2^k, k the nearest integer to
+ * log2(p/q) read off the bit patterns (their difference over 2^52 is log2 within 0.09), so
+ * p/q' lies in [0.66, 1.51]; then log(p/q') = 2·atanh(s), s = (p − q')/(p + q') (p − q' is exact
+ * there, |s| <= 0.21), by its series to s^23 (2^-53 relative). One division, no table, and for
+ * p/q near 1 the result is accurate relative to its own tiny value (KLD of close tensors is a
+ * sum of such terms). */
+static inline __attribute__((always_inline)) v8d log_ratio(v8d p, v8d q) {
+    v8l k = (((v8l)p - (v8l)q) + (1LL << 51)) >> 52;
+    v8d q2 = (v8d)((v8l)q + (k << 52));
+    v8d s = (p - q2) / (p + q2);
+    v8d w = s * s, w2 = w * w, w4 = w2 * w2, w8 = w4 * w4;   /* Estrin: a short dependency chain */
+    v8d c01 = 1.0 / 3 + w * (1.0 / 5), c23 = 1.0 / 7 + w * (1.0 / 9), c45 = 1.0 / 11 + w * (1.0 / 13);
+    v8d c67 = 1.0 / 15 + w * (1.0 / 17), c89 = 1.0 / 19 + w * (1.0 / 21);
+    v8d c0_3 = c01 + w2 * c23, c4_7 = c45 + w2 * c67, c8_10 = c89 + w2 * (1.0 / 23);
+    v8d c = (c0_3 + w4 * c4_7) + w8 * c8_10;
+    v8d at = s + s * (w * c);
+    /* k to float64 without a scalar convert: |k| < 2^51 sits in the mantissa of 2^52 + 2^51 */
+    v8d kd = (v8d)(k + 0x4338000000000000LL) - 6755399441055744.0;
+    return kd * LN2 + 2.0 * at;
+}
+
+typedef struct { double shx, scx, shy, scy; } KldP;
+
+typedef struct {
+    double sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g;
+    int64_t c1, c5, differ;
+} Sums;
+
+typedef struct {
+    v8d sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g;
+    v8l c1, c5, ne, far;
+} Lanes;
+
+
+/* KLD's terms, as G = Σ b·g(w) with w = (a − b)/b and g(w) = (1 + w)·log(1 + w) − w >= 0, so
+ * that Σ a·log(a/b) = G + Σa − Σb. Each term is second order in the difference and none cancel,
+ * so a short series serves where |w| <= 1/32 (g = w²/2 − w³/6 + w⁴/12 − …, to w⁷: 3e-11
+ * relative); a block with a larger |w| somewhere gets a second loop for those terms, with
+ * a·log(a/b) − (a − b) and the full log (cancellation costs at most a factor 64 of 2^-53). */
+#define W0 0.03125
+static inline __attribute__((always_inline)) v8d g_small(v8d w) {
+    v8d w2 = w * w;
+    v8d c = ((-1.0 / 6 + w * (1.0 / 12)) + w2 * (-1.0 / 20 + w * (1.0 / 30))) + (w2 * w2) * (-1.0 / 42);
+    return w2 * (0.5 + w * c);
+}
+
+/* Eight element pairs (lanes where `valid` is set: the tail) into the lanes (metrics.py has the
+ * definitions); comparisons give -1 per true lane, so counts subtract them. */
+static inline __attribute__((always_inline)) void
+step(Lanes *a, v8d x, v8d y, v8l valid, int kld, const KldP *kp) {
+    a->sx += x; a->sy += y;
+    a->sxx += x * x; a->syy += y * y; a->sxy += x * y;
+    a->ne -= (x != y) & valid;
+    v8d d = x - y;                              /* exact: two float32 values */
+    a->sdd += d * d;
+    v8d ad = vabs(d);
+    a->sad += ad;
+    a->mad = sel(ad > a->mad, ad, a->mad);      /* its first index: found after the loop */
+    v8d ay = vabs(y);
+    /* y == 0: msprobe adds eps to both sides, so the error is |x|/eps (exact: eps = 2^-52) */
+    v8d r = ad / sel(y == 0.0, splat(EPS64), ay);
+    a->c1 -= (r < R1) & valid;
+    a->c5 -= (r < R5) & valid;
+    v8d rb = (v8d)((ay > EPS64) & (v8l)r);      /* msaccucmp: |y| <= eps contributes 0 */
+    a->srel += rb;
+    a->mrel = sel(rb > a->mrel, rb, a->mrel);
+    if (kld) {
+        v8d p = (x - kp->shx) * kp->scx, q = (y - kp->shy) * kp->scy;
+        p = sel(p < EPS32, splat(EPS32), p);    /* the clamp, then the padding's terms to 0 */
+        q = sel(valid, sel(q < EPS32, splat(EPS32), q), splat(1.0));
+        p = sel(valid, p, splat(1.0));
+        v8d w = (p - q) / q;                    /* p − q exact where |w| <= 1/32 (Sterbenz) */
+        v8l far = vabs(w) > W0;                 /* their terms: a second loop, far_terms */
+        a->far |= far;
+        a->sa += (v8d)((v8l)p & valid);
+        a->sb += (v8d)((v8l)q & valid);
+        a->g += (v8d)((v8l)(q * g_small(w)) & valid & ~far);
+    }
+}
+
+static inline __attribute__((always_inline)) void
+far_terms(Lanes *a, v8d x, v8d y, v8l valid, const KldP *kp) {
+    v8d p = (x - kp->shx) * kp->scx, q = (y - kp->shy) * kp->scy;
+    p = sel(valid, sel(p < EPS32, splat(EPS32), p), splat(1.0));
+    q = sel(valid, sel(q < EPS32, splat(EPS32), q), splat(1.0));
+    v8l far = (vabs((p - q) / q) > W0) & valid;
+    a->g += (v8d)((v8l)(p * log_ratio(p, q) - (p - q)) & far);
+}
+
+static inline __attribute__((always_inline)) void
+block_body(const void *px, const void *py, Py_ssize_t n, int kx, int ky, int kld, const KldP *kp, Sums *o) {
+    Lanes a;
+    memset(&a, 0, sizeof a);
+    const v8l iota = {0, 1, 2, 3, 4, 5, 6, 7}, all = iota >= 0;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        step(&a, vload(px, i, kx), vload(py, i, ky), all, kld, kp);
+    if (i < n) {                                /* the tail, zero-padded to eight */
+        unsigned char bx[32] = {0}, by[32] = {0};
+        size_t isx = (size_t)item_size(kx), isy = (size_t)item_size(ky);
+        memcpy(bx, (const char *)px + i * isx, (size_t)(n - i) * isx);
+        memcpy(by, (const char *)py + i * isy, (size_t)(n - i) * isy);
+        step(&a, vload(bx, 0, kx), vload(by, 0, ky), iota < (n - i), kld, kp);
+    }
+    memset(o, 0, sizeof *o);
+    long long far = 0;
+    for (int j = 0; j < 8; j++) far |= a.far[j];
+    if (kld && far) {                           /* the terms of |w| > 1/32, in the same lanes */
+        for (i = 0; i < n; i += 8) {
+            unsigned char bx[32] = {0}, by[32] = {0};
+            Py_ssize_t m = n - i < 8 ? n - i : 8;
+            memcpy(bx, (const char *)px + i * item_size(kx), (size_t)m * item_size(kx));
+            memcpy(by, (const char *)py + i * item_size(ky), (size_t)m * item_size(ky));
+            far_terms(&a, vload(bx, 0, kx), vload(by, 0, ky), iota < m, kp);
+        }
+    }
+    for (int j = 0; j < 8; j++) {               /* a fixed order: the same result on every CPU */
+        o->sx += a.sx[j]; o->sy += a.sy[j]; o->sxx += a.sxx[j]; o->syy += a.syy[j];
+        o->sxy += a.sxy[j]; o->sdd += a.sdd[j]; o->sad += a.sad[j]; o->srel += a.srel[j];
+        o->sa += a.sa[j]; o->sb += a.sb[j]; o->g += a.g[j];
+        o->c1 += a.c1[j]; o->c5 += a.c5[j]; o->differ += a.ne[j];
+        o->mrel = a.mrel[j] > o->mrel ? a.mrel[j] : o->mrel;
+        o->mad = a.mad[j] > o->mad ? a.mad[j] : o->mad;
+    }
+}
+
+typedef void (*block_fn)(const void *, const void *, Py_ssize_t, const KldP *, Sums *);
+#define DEF_BLOCK(KX, KY, KLD) \
+    CLONES static void block_##KX##_##KY##_##KLD(const void *px, const void *py, Py_ssize_t n, \
+                                                 const KldP *kp, Sums *o) { \
+        block_body(px, py, n, KX, KY, KLD, kp, o); }
+#define DEF_ROW(KX, KLD) DEF_BLOCK(KX, 0, KLD) DEF_BLOCK(KX, 1, KLD) DEF_BLOCK(KX, 2, KLD)
+DEF_ROW(0, 0) DEF_ROW(1, 0) DEF_ROW(2, 0) DEF_ROW(0, 1) DEF_ROW(1, 1) DEF_ROW(2, 1)
+#define FN_ROW(KX, KLD) {block_##KX##_0_##KLD, block_##KX##_1_##KLD, block_##KX##_2_##KLD}
+static const block_fn BLOCKS[2][3][3] = {
+    {FN_ROW(0, 0), FN_ROW(1, 0), FN_ROW(2, 0)}, {FN_ROW(0, 1), FN_ROW(1, 1), FN_ROW(2, 1)}};
+
+/* Index of the first pair whose values differ (the main pass only counts them). */
+static Py_ssize_t first_diff(const void *px, const void *py, Py_ssize_t n, int kx, int ky) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (load(px, i, kx) != load(py, i, ky)) return i;
+    return -1;
+}
+
+/* Index of the first pair at distance `mad` (run only when the block holds a new maximum). */
+static Py_ssize_t first_at(const void *px, const void *py, Py_ssize_t n, int kx, int ky, double mad) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (fabs(load(px, i, kx) - load(py, i, ky)) == mad) return i;
+    return -1;
+}
+
+static PyObject *py_block(PyObject *self, PyObject *args) {
+    PyObject *ox, *oy, *okld;
+    int kx, ky, want_first;
+    double mad_floor;
+    if (!PyArg_ParseTuple(args, "OOiipdO", &ox, &oy, &kx, &ky, &want_first, &mad_floor, &okld)) return NULL;
+    KldP kp = {0.0, 1.0, 0.0, 1.0};
+    int kld = okld != Py_None;
+    if (kld && !PyArg_ParseTuple(okld, "dddd", &kp.shx, &kp.scx, &kp.shy, &kp.scy)) return NULL;
+    Py_buffer vx, vy;
+    Py_ssize_t n = get_words(ox, kx, &vx);
+    if (n < 0) return NULL;
+    Py_ssize_t ny = get_words(oy, ky, &vy);
+    if (ny < 0) { PyBuffer_Release(&vx); return NULL; }
+    if (n != ny || n == 0) {
+        PyBuffer_Release(&vx);
+        PyBuffer_Release(&vy);
+        PyErr_SetString(PyExc_ValueError, "blocks of different or zero length");
+        return NULL;
+    }
+    Sums s;
+    Py_ssize_t fd = -1, mi = -1;
+    int finite;
+    Py_BEGIN_ALLOW_THREADS
+    BLOCKS[kld][kx][ky](vx.buf, vy.buf, n, &kp, &s);
+    finite = isfinite(s.sx) && isfinite(s.sy);   /* any NaN/Inf makes a float64 sum non-finite */
+    if (finite && want_first && s.differ) fd = first_diff(vx.buf, vy.buf, n, kx, ky);
+    if (finite && s.mad > mad_floor) mi = first_at(vx.buf, vy.buf, n, kx, ky, s.mad);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&vx);
+    PyBuffer_Release(&vy);
+    if (!finite) Py_RETURN_NONE;                 /* NaN/Inf: numpy's policy path */
+    return Py_BuildValue("(dddddddddndnnnnddd)", s.sx, s.sy, s.sxx, s.syy, s.sxy, s.sdd, s.sad,
+                         s.srel, s.mad, mi, s.mrel, (Py_ssize_t)s.c1, (Py_ssize_t)s.c5,
+                         (Py_ssize_t)s.differ, fd, s.sa, s.sb, s.g);
+}
+
+/* -- identical blocks ------------------------------------------------------------------------------
+ * Bytes equal on both sides: only Σx and Σx² are needed. Compares the words and sums in one
+ * pass; returns None as soon as a chunk differs (the caller then runs the full pass). */
+CLONES static int same_sums(const void *px, const void *py, Py_ssize_t n, int kind, double *s, double *q) {
+    double sl[LANES] = {0}, ql[LANES] = {0};
+    const Py_ssize_t CH = 4096;
+    size_t isz = (size_t)item_size(kind);
+    for (Py_ssize_t c = 0; c < n; c += CH) {
+        Py_ssize_t e = c + CH < n ? c + CH : n;
+        if (memcmp((const char *)px + c * isz, (const char *)py + c * isz, (size_t)(e - c) * isz)) return 0;
+        Py_ssize_t i = c;
+        for (; i + LANES <= e; i += LANES)
+            for (int j = 0; j < LANES; j++) {
+                double x = load(px, i + j, kind);
+                sl[j] += x;
+                ql[j] += x * x;
+            }
+        for (int j = 0; i < e; i++, j++) {
+            double x = load(px, i, kind);
+            sl[j] += x;
+            ql[j] += x * x;
+        }
+    }
+    *s = *q = 0.0;
+    for (int j = 0; j < LANES; j++) { *s += sl[j]; *q += ql[j]; }
+    return 1;
+}
+
+static PyObject *py_same(PyObject *self, PyObject *args) {
+    PyObject *ox, *oy;
+    int kind;
+    if (!PyArg_ParseTuple(args, "OOi", &ox, &oy, &kind)) return NULL;
+    Py_buffer vx, vy;
+    Py_ssize_t n = get_words(ox, kind, &vx);
+    if (n < 0) return NULL;
+    Py_ssize_t ny = get_words(oy, kind, &vy);
+    if (ny < 0) { PyBuffer_Release(&vx); return NULL; }
+    if (n != ny) {
+        PyBuffer_Release(&vx);
+        PyBuffer_Release(&vy);
+        PyErr_SetString(PyExc_ValueError, "blocks of different length");
+        return NULL;
+    }
+    double s = 0.0, q = 0.0;
+    int eq;
+    Py_BEGIN_ALLOW_THREADS
+    eq = same_sums(vx.buf, vy.buf, n, kind, &s, &q);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&vx);
+    PyBuffer_Release(&vy);
+    if (!eq) Py_RETURN_NONE;
+    return Py_BuildValue("(dd)", s, q);
+}
+
+static PyObject *py_log_ratio(PyObject *self, PyObject *args) {
+    double p, q;
+    if (!PyArg_ParseTuple(args, "dd", &p, &q)) return NULL;
+    if (!(p >= EPS32 && q >= EPS32 && p <= 1e300 && q <= 1e300)) {
+        PyErr_SetString(PyExc_ValueError, "log_ratio takes p, q in [float32 eps, 1e300]");
+        return NULL;
+    }
+    return PyFloat_FromDouble(log_ratio(splat(p), splat(q))[0]);
+}
+
+static PyMethodDef METHODS[] = {
+    {"range", py_range, METH_VARARGS,
+     "range(words, kind) -> (min, max) of a block's float32 values, NaN/Inf counted as 0"},
+    {"block", py_block, METH_VARARGS,
+     "block(x, y, kx, ky, want_first, mad_floor, kld) -> every partial of a differing block, or None on NaN/Inf"},
+    {"same", py_same, METH_VARARGS,
+     "same(x, y, kind) -> (sum, sum of squares) when the bytes are equal, else None"},
+    {"log_ratio", py_log_ratio, METH_VARARGS, "log_ratio(p, q): the kernel's log(p/q) (for its accuracy test)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_comparec",
+                                    "One-pass block kernels of the dump comparison.", -1, METHODS};
+
+PyMODINIT_FUNC PyInit__comparec(void) {
+    return PyModule_Create(&MODULE);
+}

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import math
 import threading
+from types import ModuleType
 from typing import Iterator
 
 import numpy as np
+
+from . import blocks_c
 
 RATIO_THRESHOLDS: tuple[float, float] = (0.001, 0.005)
 EPS = float(np.finfo(float).eps)
@@ -224,11 +227,15 @@ class Kld:
     Σ a·log(a/b) = s_x·(Σ u·log(u/v) + Σu·log(s_x/s_y)): no scaling or clamping per element,
     one divide, one log, one dot. Blocks that reach the clamp take the literal definition."""
 
-    def __init__(self, sx_: Side, sy_: Side, x: np.ndarray, y: np.ndarray, n: int, sc: Scratch) -> None:
+    def __init__(self, sx_: Side, sy_: Side, x: np.ndarray, y: np.ndarray, n: int, sc: Scratch,
+                 mod: ModuleType | None = None) -> None:
         mn, mx = [math.inf, math.inf], [-math.inf, -math.inf]
         self.bmin: dict[int, tuple[float, float]] = {}
+        kx, ky = (blocks_c.kind_of(sx_), blocks_c.kind_of(sy_)) if mod is not None else (None, None)
         for off, xr, yr in pairs(x, y, n):
-            (lx, hx), (ly, hy) = _block_range(sx_, xr, sc), _block_range(sy_, yr, sc)
+            rx = blocks_c.block_range(mod, kx, xr) if kx is not None else None
+            ry = blocks_c.block_range(mod, ky, yr) if ky is not None else None
+            (lx, hx), (ly, hy) = rx or _block_range(sx_, xr, sc), ry or _block_range(sy_, yr, sc)
             self.bmin[off] = (lx, ly)
             mn[0], mn[1], mx[0], mx[1] = min(mn[0], lx), min(mn[1], ly), max(mx[0], hx), max(mx[1], hy)
         self.shift, self.scale = [0.0, 0.0], [1.0, 1.0]
@@ -241,6 +248,18 @@ class Kld:
         self.sa: list[float] = []
         self.sb: list[float] = []
         self.t: list[float] = []
+        self.ca: list[float] = []   # the C kernel's blocks: Σa, Σb, G
+        self.cb: list[float] = []
+        self.g: list[float] = []
+
+    def params(self) -> tuple[float, float, float, float]:
+        """(shift, scale) of each side, as the C kernel takes them."""
+        return self.shift[0], self.scale[0], self.shift[1], self.scale[1]
+
+    def add_g(self, sa: float, sb: float, g: float) -> None:
+        """One block's Σa, Σb and G = Σ a·log(a/b) − Σa + Σb from the C kernel, whose terms
+        b·g(w) >= 0 are second order in a − b (see _comparec.c): no cancellation in G."""
+        self.ca.append(sa), self.cb.append(sb), self.g.append(g)
 
     def _clamps(self, off: int) -> bool:
         lx, ly = self.bmin[off]
@@ -293,32 +312,53 @@ class Kld:
             self.block(off, a, b, w, s, s)
 
     def value(self) -> float:
-        s_a, s_b = math.fsum(self.sa), math.fsum(self.sb)
-        kld = math.fsum(self.t) / s_a + math.log(s_b / s_a)
+        """T/Sa + log(Sb/Sa); with C blocks, (G + Σ numpy blocks' T − Σa + Σb)/Sa + h, h =
+        log(Sb/Sa) + (Sa − Sb)/Sa = log1p(e) − e with e = (Sb − Sa)/Sa: the first-order parts
+        of T and of log(Sb/Sa), which cancel, are left out of both."""
+        if not self.g:
+            s_a, s_b = math.fsum(self.sa), math.fsum(self.sb)
+            kld = math.fsum(self.t) / s_a + math.log(s_b / s_a)
+            return 0.0 if abs(kld) < EPS else kld
+        s_a = math.fsum(self.sa + self.ca)
+        e = math.fsum(self.sb + self.cb + [-v for v in self.sa + self.ca]) / s_a
+        g = math.fsum(self.g + self.t + self.sb + [-v for v in self.sa])
+        s_b = math.fsum(self.sb + self.cb)  # log1p(e) loses 1 + e's bits as e nears -1
+        kld = g / s_a + ((math.log1p(e) if abs(e) < 0.5 else math.log(s_b / s_a)) - e)
         return 0.0 if abs(kld) < EPS else kld
 
 
 def identical_block(sx_: Side, raw: np.ndarray, off: int, acc: Acc, sc: Scratch,
-                    kld: Kld | None) -> None:
-    """A block whose bytes are equal on both sides: only the norms, sums and KLD terms."""
+                    kld: Kld | None, mod: ModuleType | None = None,
+                    sums: tuple[float, float] | None = None) -> None:
+    """A block whose bytes are equal on both sides: only the norms, sums and KLD terms
+    (``sums``: its (Σx, Σx²) from the C kernel, which then gives the KLD terms too)."""
     m = raw.size
     x = sc.x[:m]
-    _widen(sx_, raw, x, sc)
-    s = float(np.add.reduce(x))
-    if not math.isfinite(s):  # NaN/Inf at the same places on both sides: zeroed, all matched
-        k = _zero_nonfinite(x)
-        acc.nonfin_x += k
-        acc.nonfin_y += k
-        acc.dirty.add(off)
+    widened = False
+    if sums is not None and math.isfinite(sums[0]):
+        s, q = sums
+    else:
+        _widen(sx_, raw, x, sc)
+        widened = True
         s = float(np.add.reduce(x))
-    q = dot(x, x)
+        if not math.isfinite(s):  # NaN/Inf at the same places on both sides: zeroed, all matched
+            k = _zero_nonfinite(x)
+            acc.nonfin_x += k
+            acc.nonfin_y += k
+            acc.dirty.add(off)
+            s = float(np.add.reduce(x))
+        q = dot(x, x)
     acc.sx.append(s), acc.sy.append(s)
     acc.sxx.append(q), acc.syy.append(q), acc.sxy.append(q)
     acc.c1 += m
     acc.c5 += m
     if kld is None:
         acc.kld_todo.append((off, m, s))  # KLD is 0 unless another block differs: then revisited
-    else:
+    elif not kld.same_free(off, m, s):
+        if not widened and mod is not None and blocks_c.same_terms(mod, blocks_c.kind_of(sx_), raw, kld):
+            return
+        if not widened:
+            _widen(sx_, raw, x, sc)
         kld.same_block(off, x, sc.y[:m], sc.z[:m], s)
 
 
@@ -386,14 +426,17 @@ def general_block(sx_: Side, sy_: Side, xr: np.ndarray, yr: np.ndarray, off: int
 
 
 def revisit_identical(sx_: Side, x: np.ndarray, y: np.ndarray, n: int, acc: Acc, sc: Scratch,
-                      kld: Kld) -> None:
+                      kld: Kld, mod: ModuleType | None = None) -> None:
     """KLD terms of the identical blocks met before the first differing one (read again only
     where their Σx cannot give them)."""
     todo = {off: s for off, m, s in acc.kld_todo if not kld.same_free(off, m, s)}
     if not todo:
         return
+    kind = blocks_c.kind_of(sx_) if mod is not None else None
     for off, xr, _ in pairs(x, y, n):
         if off in todo:
+            if off not in acc.dirty and mod is not None and blocks_c.same_terms(mod, kind, xr, kld):
+                continue
             m = xr.size
             a = sc.x[:m]
             _widen(sx_, xr, a, sc)

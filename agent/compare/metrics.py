@@ -59,7 +59,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import kernels
 from ..model import TensorStats
+from . import blocks_c
 from .blocks import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Side, general_block, identical_block,
                      pairs, revisit_identical, same_bytes, scratch)
 
@@ -140,17 +142,24 @@ def compare_arrays(target: np.ndarray, bench: np.ndarray, *, target_dtype: str |
     uview = np.dtype(f"u{x.dtype.itemsize}") if same_dtype and x.dtype.itemsize in (1, 2, 4, 8) else None
     is_bool = sx_.code == "b1" and sy_.code == "b1"
     kld: Kld | None = None
+    mod = kernels.get("compare")   # per call: a test's kernels.forced() applies
+    kx, ky = (blocks_c.kind_of(sx_), blocks_c.kind_of(sy_)) if mod is not None else (None, None)
     with np.errstate(all="ignore"):
         for off, xr, yr in pairs(x, y, n):
-            if uview is not None and same_bytes(xr, yr, uview, sc.b1):
-                identical_block(sx_, xr, off, acc, sc, kld)
-                continue
+            if uview is not None:
+                same = blocks_c.identical(mod, kx, xr, yr) if kx is not None else True
+                if same is not False:
+                    sums = same if isinstance(same, tuple) else None
+                    if sums is not None or same_bytes(xr, yr, uview, sc.b1):
+                        identical_block(sx_, xr, off, acc, sc, kld, mod, sums)
+                        continue
             if kld is None and not is_bool:  # the first differing block: KLD needs both ranges
-                kld = Kld(sx_, sy_, x, y, n, sc)
+                kld = Kld(sx_, sy_, x, y, n, sc, mod)
             acc.bitwise = False
-            general_block(sx_, sy_, xr, yr, off, acc, sc, kld)
+            if mod is None or not blocks_c.general(mod, kx, ky, xr, yr, off, acc, kld):
+                general_block(sx_, sy_, xr, yr, off, acc, sc, kld)
         if kld is not None and acc.kld_todo:
-            revisit_identical(sx_, x, y, n, acc, sc, kld)
+            revisit_identical(sx_, x, y, n, acc, sc, kld, mod)
         return _finish(count=int(x.size), is_bool=is_bool, acc=acc, kld=kld)
 
 

@@ -1,0 +1,202 @@
+"""The compiled compare kernel (agent/compare/_comparec.c) against the numpy path it replaces:
+the same results on realistic and hostile blocks, refusal (never a crash) of buffers it cannot
+read, and its log(p/q) against libm. test_compare_metrics.py runs every property test on both."""
+
+from __future__ import annotations
+
+import decimal
+import math
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from precision_agent import kernels
+from precision_agent.compare.metrics import METRIC_NAMES, RATIO_NAMES, compare_arrays
+
+ALL = METRIC_NAMES + RATIO_NAMES
+
+
+@pytest.fixture(scope="module")
+def cmod():
+    if not kernels.built("compare"):
+        assert os.environ.get("CI") != "true", "the C compare kernel must be built in CI"
+        pytest.skip("C compare kernel not built")
+    return kernels._import("compare")
+
+
+def both(*args, **kw):
+    with kernels.forced("numpy"):
+        a = compare_arrays(*args, **kw)
+    with kernels.forced("c"):
+        b = compare_arrays(*args, **kw)
+    return a, b
+
+
+def same_result(a, b, rel: float = 1e-9) -> None:
+    for k in ALL:
+        u, v = a.metrics[k], b.metrics[k]
+        assert (math.isnan(u) and math.isnan(v)) or math.isclose(u, v, rel_tol=rel, abs_tol=1e-12), (k, u, v)
+    for f in ("bitwise_equal", "count", "differ", "first_diff_index", "max_abs_index",
+              "nonfinite_mismatch", "fail_reason"):
+        assert getattr(a, f) == getattr(b, f), f
+    for sa, sb in ((a.target_stats, b.target_stats), (a.bench_stats, b.bench_stats)):
+        assert (sa is None) == (sb is None)
+        if sa is not None:
+            assert sa == pytest.approx(sb, rel=1e-9, abs=1e-12)
+
+
+def _pair(n: int, seed: int, noise: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n).astype(np.float32)
+    return x, x + (rng.standard_normal(n) * noise).astype(np.float32)
+
+
+@pytest.mark.parametrize("block", [1, 7, 8, 9, 4096, 1 << 17])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "mixed"])
+def test_c_and_numpy_agree_on_realistic_pairs(cmod, dtype, block):
+    x, y = _pair(20_003, 1)
+    y[[5, 777, 19_999]] = x[[5, 777, 19_999]] * np.float32(3)   # a few large errors
+    y[100:140] = 0.0                                               # bench zeros: msprobe's eps rule
+    kw = {}
+    if dtype == "float16":
+        x, y = x.astype(np.float16), y.astype(np.float16)
+    elif dtype == "bfloat16":
+        x, y = ((v.view(np.uint32) >> 16).astype(np.uint16) for v in (x, y))
+        kw = {"target_dtype": "bfloat16", "bench_dtype": "bfloat16"}
+    elif dtype == "mixed":
+        x = x.astype(np.float16)
+    a, b = both(x, y, block_elems=block, **kw)
+    same_result(a, b)
+    assert b.differ > 0 and b.metrics["KullbackLeiblerDivergence"] > 0
+
+
+def test_diverged_and_far_apart_pairs(cmod):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(10_000).astype(np.float32)
+    for y in (rng.standard_normal(10_000).astype(np.float32),           # unrelated
+              (x * np.float32(2.5)).astype(np.float32),                 # other scale
+              (x + np.float32(1e-6)).astype(np.float32),                # one float32 step-ish
+              np.abs(x) * np.float32(1e30),                             # huge values
+              x * np.float32(1e-30)):                                   # tiny, some subnormal
+        for block in (13, 4096):
+            same_result(*both(x, y, block_elems=block), rel=1e-8)
+
+
+def test_ratio_thresholds_exactly_at_the_boundary(cmod):
+    """|x−y|/|y| exactly 1/1000 or 5/1000 (1001 vs 1000): 'below' is strict in both paths."""
+    y = np.array([1000, 1000, 1000, 200, 200, 0, 0, 3], np.float32)
+    x = np.array([1001, 999, 1005, 201, 199, 1e-19, 2e-19, 3], np.float32)
+    a, b = both(x, y)
+    same_result(a, b, rel=0)
+    assert b.metrics["OneThousandthErrRatio"] == 3 / 8    # 1e-19 and 2e-19 over eps, 3 vs 3
+    assert b.metrics["FiveThousandthsErrRatio"] == 5 / 8  # 1005, 201, 199: exactly 5/1000
+
+
+def test_nan_inf_blocks_mix_with_kernel_blocks(cmod):
+    x, y = _pair(9_000, 3)
+    x[[10, 5000]] = y[[10, 5000]] = np.nan
+    x[7000] = y[7000] = np.inf
+    for block in (64, 1000, 1 << 17):
+        a, b = both(x, y, block_elems=block)
+        same_result(a, b)
+        assert b.nonfinite_mismatch == 0 and b.target_stats is not None
+    y2 = y.copy()
+    y2[8000] = -np.inf
+    a, b = both(x, y2, block_elems=64)
+    same_result(a, b)
+    assert b.nonfinite_mismatch == 1
+
+
+def test_identical_prefix_then_difference(cmod):
+    x, _ = _pair(50_000, 4)
+    y = x.copy()
+    y[-3] = np.float32(7.5)           # a new maximum in the last block: KLD revisits the prefix
+    for block in (100, 4096):
+        a, b = both(x, y, block_elems=block)
+        same_result(a, b)
+        assert b.first_diff_index == 50_000 - 3
+
+
+def test_buffers_the_kernel_cannot_read_go_to_numpy(cmod):
+    x, y = _pair(4_001, 5)
+    raw = np.zeros(4 * 4_001 + 1, np.uint8)
+    odd = np.frombuffer(raw.data, np.float32, 4_001, offset=1)    # misaligned
+    assert not odd.flags.aligned
+    odd_w = odd.copy()
+    for args in ((odd, y), (x.astype(">f4"), y), (x[::2], y[::2]), (x.astype(np.float64), y)):
+        a, b = both(*args, block_elems=512)
+        same_result(a, b)
+    for bad in ((odd, y[:4_001], 0, 0), (x, y[:-1], 0, 0), (x.astype(">f4"), y, 0, 0),
+                (x, y, 0, 7), (x.astype(np.float64), y, 0, 0), (x[:0], y[:0], 0, 0),
+                (x.view(np.uint16), y.view(np.uint16), 1, 1)):
+        with pytest.raises(ValueError):
+            cmod.block(bad[0], bad[1], bad[2], bad[3], True, 0.0, None)
+    with pytest.raises(ValueError):
+        cmod.range(odd, 0)
+    with pytest.raises(ValueError):
+        cmod.same(x, odd_w[:-1], 0)
+    assert cmod.block(x, y, 0, 0, True, 0.0, (0.0, 1.0, 0.0, 1.0)) is not None
+    with pytest.raises(ValueError):
+        cmod.block(b"\0" * 8, b"\0" * 8, 0, 0, True, 0.0, None)   # bytes: format B, not f
+    with pytest.raises(TypeError):
+        cmod.block(3, x, 0, 0, True, 0.0, None)                      # not a buffer at all
+
+
+@pytest.mark.parametrize("kind", [1, 2])
+def test_range_over_every_16_bit_word(cmod, kind):
+    words = np.random.default_rng(6).permutation(np.arange(65536, dtype=np.uint32)).astype(np.uint16)
+    with np.errstate(invalid="ignore", over="ignore"):
+        vals = (words.view(np.float16).astype(np.float64) if kind == 1
+                else (words.astype(np.uint32) << 16).view(np.float32).astype(np.float64))
+    buf = words.view(np.float16) if kind == 1 else words
+    for i in range(0, 65536, 997):
+        v = vals[i:i + 997].copy()
+        v[~np.isfinite(v)] = 0.0
+        assert cmod.range(buf[i:i + 997], kind) == (v.min(), v.max())
+
+
+def test_range_of_float32_special_values(cmod):
+    f = np.array([1.0, -2.5, 3e38, -3e38, 1e-45, -0.0], np.float32)
+    assert cmod.range(f, 0) == (float(np.float32(-3e38)), float(np.float32(3e38)))
+    g = np.array([np.nan, 5.0, 2.0], np.float32)
+    assert cmod.range(g, 0) == (0.0, 5.0)
+    h = np.array([-np.inf, -1.0, -7.0], np.float32)
+    assert cmod.range(h, 0) == (-7.0, 0.0)
+
+
+def _log_ratio_exact(a: float, b: float) -> float:
+    with decimal.localcontext() as ctx:
+        ctx.prec = 50
+        return float(decimal.Decimal(a).ln() - decimal.Decimal(b).ln())
+
+
+def test_log_ratio_is_accurate_everywhere_and_near_one(cmod):
+    """log(p/q) within a few ulps of the exact value (50 digits), relative to the result itself
+    also where p/q is within 1e-15 of 1 (KLD of close tensors sums such terms)."""
+    rng = np.random.default_rng(7)
+    eps32 = float(np.finfo(np.float32).eps)
+    p = np.exp(rng.uniform(math.log(eps32), math.log(1e30), 2_000))
+    q = np.exp(rng.uniform(math.log(eps32), math.log(1e30), 2_000))
+    near = q[:500] * (1 + rng.uniform(-1e-2, 1e-2, 500) * 10.0 ** -rng.integers(0, 14, 500))
+    for a, b in zip(np.concatenate([p, near]), np.concatenate([q, q[:500]])):
+        want = _log_ratio_exact(float(a), float(b))
+        assert math.isclose(cmod.log_ratio(float(a), float(b)), want, rel_tol=2e-15), (a, b)
+    assert cmod.log_ratio(5.0, 5.0) == 0.0
+    with pytest.raises(ValueError):
+        cmod.log_ratio(0.0, 1.0)
+
+
+def test_threads_compare_at_once(cmod):
+    """The kernel releases the GIL: several threads at once give what one thread gives."""
+    x, y = _pair(300_000, 8)
+    with kernels.forced("c"):
+        want = compare_arrays(x, y)
+        out: list = []
+        ts = [threading.Thread(target=lambda: out.append(compare_arrays(x, y))) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=120)
+    assert len(out) == 3 and all(r == want for r in out)
