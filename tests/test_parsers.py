@@ -109,3 +109,16 @@ def test_to_float_spellings():
     assert to_float("inf") == math.inf and to_float("-inf") == -math.inf
     assert to_float("1.091734E+01") == 10.91734 and to_float("7.450580596923828e-09") == 7.450580596923828e-09
     assert to_float("garbage") is None
+
+
+def test_fast_source_positions_are_true_source_positions():
+    import dataclasses
+
+    import pytest
+
+    from precision_agent.model import SourcePos, source_pos
+    a, b = source_pos("x.log", 3), SourcePos("x.log", 3)
+    assert type(a) is SourcePos and a == b and hash(a) == hash(b) and dataclasses.asdict(a) == dataclasses.asdict(b)
+    assert source_pos("x.log", 3, 7) == SourcePos("x.log", 3, 7) != a
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.line = 4  # type: ignore[misc]

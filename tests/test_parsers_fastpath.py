@@ -135,3 +135,100 @@ def test_reader_pauses_collection_only_while_reading(tmp_path):
     finally:
         gc.enable()
         stream.close()
+
+
+# -- layout regexes: a block's usual layout read by a regex made for it -------------------------
+
+@st.composite
+def layout_blocks(draw):
+    """Lines that mostly share one layout (so the layout regex reads them), with values, prefixes
+    and stray lines of other shapes that must leave them to the general regex."""
+    layout = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=10))
+    lines = []
+    for _ in range(draw(st.integers(1, 12))):
+        kind = draw(st.integers(0, 9))
+        if kind < 6:
+            body = "".join(f" {n}: {draw(st.sampled_from(VALUES))} |" for n in layout)
+            prefix = draw(st.sampled_from(["", " ", " [2024-09-03 15:56:55] ", "\t[2024-09-03T15:59:01]  ",
+                                           " " * 97 + "[2024-09-03 15:56:55] ", " " * 101 + "[2024-09-03 15:56:55] ", "  "]))
+            tail = draw(st.sampled_from(["", "", "  ", " trailing", " x: y"]))
+            lines.append(f"{prefix}iteration {draw(st.integers(0, 10**6))}/ 99 |{body}{tail}")
+        elif kind < 8:
+            lines.append(draw(iteration_lines()))
+        else:
+            lines.append(draw(st.sampled_from(["", "noise", " validation loss at iteration 5 | lm loss value: 2.0 |",
+                                               " saved checkpoint at iteration 7", "iteration\n  5/10 | lm loss: 1 |"])))
+    return "\n".join(lines) + "\n"
+
+
+def _is_eval(r: Record) -> bool:
+    return bool(r.values) and r.values[0][0] == "eval_loss"
+
+
+@settings(max_examples=400, deadline=None)
+@given(layout_blocks(), st.integers(1, 1000))
+def test_layout_regex_equals_general_path(text, first_line):
+    got = [r for r in megatron.MegatronParser().parse(Block(text, first_line)) if not _is_eval(r)]
+    assert same(got, reference(text, first_line))
+
+
+def test_usual_layouts_are_read_by_their_layout_regex():
+    for line in (BENCH_LINE, DEEPSPEED_SHAPE, BENCH_LINE.replace(" [2024-09-03 15:56:55]", "")):
+        layout = megatron._first_layout(line + "\n")
+        assert layout is not None and layout[0].fullmatch("\n" + line) is not None
+        assert layout[1] == ("\n" + line).count("iteration")
+    # a layout the general regex would not read as the usual shape gets no layout regex
+    assert megatron._layout_re(("lm loss", "learning rate")) is None  # out of Megatron's order
+    assert megatron._layout_re(("lm loss", "lm loss")) is None
+    assert megatron._layout_re(("lm loss", "xlm loss")) is None  # not a field Megatron prints
+
+
+def test_many_layout_lines_with_others_between():
+    """Runs of layout lines, lines of another layout, validation, checkpoint and noise lines: the
+    parser's records and claimed spans are those of the general path."""
+    other = " iteration 9/10 | loss scale: 8.0 | lm loss: 2.5 |"
+    lines = []
+    for i in range(60):
+        lines.append(BENCH_LINE.replace("   20/", f"{i:5d}/"))
+        if i % 7 == 3:
+            lines.append(other)
+        if i % 11 == 5:
+            lines.append(" validation loss at iteration 40 | lm loss value: 2.0 | lm loss PPL: 7.4 |")
+        if i % 13 == 0:
+            lines.append("  successfully saved checkpoint at iteration 40 to /ckpt")
+    text = "\n".join(lines) + "\n"
+    recs, spans = megatron.MegatronParser().parse_spans(Block(text, 3))
+    iters = [r for r in recs if not _is_eval(r)]
+    assert same(iters, reference(text, 3)) and len(iters) == 60 + 9
+    assert [r.pos for r in recs] == sorted(r.pos for r in recs)
+    claimed = {text.rfind("\n", 0, r.pos) + 1 for r in recs}
+    covered = {i for s, e in spans for i in range(s, e + 1) if i == 0 or text[i - 1] == "\n"}
+    assert covered == claimed  # every claimed line start, and nothing else, is inside a span
+
+
+def test_claimed_runs_are_blanked_for_later_parsers():
+    """Adjacent Megatron lines are claimed as one span; a later parser that wants the block still
+    sees them blanked line by line (its own records keep their true line numbers)."""
+    lines = [BENCH_LINE.replace("   20/", f"{i:5d}/") for i in range(5)]
+    lines[2:2] = ["step 3 loss 0.5"]
+    lines.append("step 4 loss 0.25")
+    recs = CompositeParser().parse(Block("\n".join(lines) + "\n", 10))
+    assert [(r.producer, r.line) for r in recs] == [("megatron", 10), ("megatron", 11), ("user_print", 12),
+                                                   ("megatron", 13), ("megatron", 14), ("megatron", 15),
+                                                   ("user_print", 16)]
+
+
+def test_reader_samples_equal_samples_built_the_usual_way(tmp_path):
+    from precision_agent.model import Sample, SourcePos
+    log = tmp_path / "train.log"
+    log.write_text(BENCH_LINE + "\n")
+    stream = LogStream(str(log))
+    try:
+        got = stream.finish(now=5.0)
+    finally:
+        stream.close()
+    src = SourcePos(str(log), 1)
+    want = [Sample((), m, v, 20, src, 5.0, 1725379015.0, a, "megatron") for m, v, a in
+            megatron.MegatronParser().parse(Block(BENCH_LINE + "\n"))[0].values]
+    assert got == want and [hash(s.source) for s in got] == [hash(src)] * len(want)
+    assert all(type(s) is Sample and type(s.source) is SourcePos for s in got)

@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from ..model import Labels, Sample, SourcePos, make_labels
+from ..model import Labels, Sample, make_labels, source_pos
 from ..series import far_apart
-from .parsers import Block, CompositeParser, Record
+from .parsers import Block, CompositeParser
 from .parsers.base import strip_ansi
 from .tailer import LogTailer, TailPosition, TextBlock
 
@@ -116,20 +116,6 @@ class LogStream:
             lab = self._labels_cache[rank] = _intern(lab)
         return lab
 
-    def _duplicate(self, rec: Record, text: str) -> bool:
-        """The same record printed again by another rank or log handler: the same text (from
-        the record's start to the end of its line) as the *previous* record of the same
-        producer, at most DUP_RECORDS lines later and, where lines are stamped, at the same
-        moment. Prefixes such as timestamps and ranks are not compared; an identical record
-        after a different one of the same producer is a genuine repeat, not a copy. (Not asked
-        for producers that never print copies: see ``Parser.copies``.)"""
-        end = text.find("\n", rec.pos)
-        key = text[rec.pos:end if end >= 0 else len(text)].rstrip()
-        prev = self._last.get(rec.producer)
-        self._last[rec.producer] = (key, rec.line, rec.log_time)
-        return (prev is not None and prev[0] == key and 0 <= rec.line - prev[1] <= DUP_RECORDS
-                and not far_apart(prev[2], rec.log_time))
-
     def _samples(self, blocks: list[TextBlock], now: float | None) -> list[Sample]:
         if not blocks:
             return []
@@ -137,31 +123,62 @@ class LogStream:
             return self._read_blocks(blocks, now)
 
     def _read_blocks(self, blocks: list[TextBlock], now: float | None) -> list[Sample]:
+        """Samples of the records in ``blocks``, less copies. A copy is the same record printed
+        again by another rank or log handler: the same text (from the record's start to the end
+        of its line) as the *previous* record of the same producer, at most DUP_RECORDS lines
+        later and, where lines are stamped, at the same moment. Prefixes such as timestamps and
+        ranks are not compared; an identical record after a different one of the same producer
+        is a genuine repeat, not a copy. (Not asked for producers that never print copies: see
+        ``Parser.copies``.) This loop runs once per record, hence everything inline: samples are
+        built without their ``__init__`` (every field set here), the position by ``source_pos``."""
         out: list[Sample] = []
         append = out.append
         t = _time.time() if now is None else now
-        path, no_copies, labels_of = self.path, self._no_copies, self._labels_cache
+        path, no_copies, labels_of, last, new = self.path, self._no_copies, self._labels_cache, self._last, object.__new__
+        stats = self.stats
         for tb in blocks:
             if tb.generation != self._generation:  # rotation/truncation: line numbers restart
                 self._generation = tb.generation
-                self._last.clear()
-            self.stats.lines += tb.n_lines
-            self.stats.bytes += tb.end_offset - tb.start_offset
-            self.stats.truncated_lines += tb.truncated_lines
+                last.clear()
+            stats.lines += tb.n_lines
+            stats.bytes += tb.end_offset - tb.start_offset
+            stats.truncated_lines += tb.truncated_lines
             # ANSI colour codes never contain a newline, so stripping keeps line numbers exact
             block = Block(strip_ansi(tb.text), tb.first_line)
             records = self.parser.parse(block)
-            self.stats.records += len(records)
+            stats.records += len(records)
             text = block.text
             for rec in records:
-                if rec.producer not in no_copies and self._duplicate(rec, text):
-                    self.stats.duplicates += 1
-                    continue
+                producer, line, log_time = rec.producer, rec.line, rec.log_time
+                if producer not in no_copies:
+                    pos = rec.pos
+                    end = text.find("\n", pos)
+                    key = (text[pos:end] if end >= 0 else text[pos:]).rstrip()
+                    prev = last.get(producer)
+                    last[producer] = (key, line, log_time)
+                    if prev is not None and prev[0] == key and 0 <= line - prev[1] <= DUP_RECORDS \
+                            and not far_apart(prev[2], log_time):
+                        stats.duplicates += 1
+                        continue
                 labels = labels_of.get(rec.rank)
                 if labels is None:
                     labels = self._labels(rec.rank)
-                src = SourcePos(path, rec.line)
-                step, log_time = rec.step, rec.log_time
+                src = source_pos(path, line)
+                step = rec.step
                 for metric, value, attrs in rec.values:
-                    append(Sample(labels, metric, value, step, src, t, log_time, attrs, rec.producer))
+                    smp = new(Sample)
+                    smp.labels = labels
+                    smp.metric = metric
+                    smp.value = value
+                    smp.step = step
+                    smp.source = src
+                    smp.time = t
+                    smp.log_time = log_time
+                    smp.attrs = attrs
+                    smp.producer = producer
+                    append(smp)
         return out
+
+
+# ``_read_blocks`` sets every field of a sample itself: a field added to Sample must be set there too
+assert Sample.__slots__ == ("labels", "metric", "value", "step", "source", "time", "log_time", "attrs", "producer")

@@ -11,7 +11,7 @@ import functools
 from operator import attrgetter
 
 from ...registry import discover
-from .base import Block, Parser, Record
+from .base import Block, Parser, Record, line_spans, merge_spans
 
 
 PARSERS: tuple[type[Parser], ...] = tuple(sorted(discover(__name__, __path__, Parser, "name"),
@@ -98,49 +98,61 @@ class CompositeParser:
         """Run the parsers in priority order. Lines a parser claimed are blanked (same length,
         so positions and line numbers hold) before the next parser looks: a later parser's
         keyword pre-filter then skips blocks it has nothing left to read in, and generic
-        fallbacks never rescan what a specific producer already read."""
+        fallbacks never rescan what a specific producer already read. The blanked text is only
+        made when a later parser's keywords are among the unclaimed lines."""
         merged: list[Record] = []
-        current = block
-        probe = text = block.text
-        claimed: dict[int, int] = {}  # start -> end of every line claimed so far
+        text = block.text
+        current: Block | None = block
+        probe = text
+        claimed: list[tuple[int, int]] = []  # (start, end) of claimed lines, sorted, disjoint
+        in_order = True  # whether ``merged`` is known to be in text order already
         for parser in self.parsers:
             if not parser.wants(probe):  # keywords are looked for in unclaimed lines only
                 continue
             if parser.per_file:
                 parser = self._own_instance(parser)
+            if current is None:
+                current = _blanked(block, claimed)
             try:
-                records = parser.parse(current)
+                records, spans = parser.parse_spans(current)
             except Exception as exc:  # a parser bug must not wedge the file: skip it for this block
                 self.errors.append(f"{parser.name} parser failed on lines {block.first_line}..: {exc!r}")
                 continue
             if not records:
                 continue
             self.counts[parser.name] = self.counts.get(parser.name, 0) + len(records)
+            in_order = not merged and spans is not None  # spans are only given with ordered records
             merged.extend(records)
-            for r in records:  # a record's line is the line of its position
-                start = text.rfind("\n", 0, r.pos) + 1
-                if start not in claimed:
-                    end = text.find("\n", r.pos)
-                    claimed[start] = len(text) if end < 0 else end
-            current, probe = _without(block, sorted(claimed.items()))
-        if len(merged) > 1:  # timsort: one C-level pass when already in order
+            if spans is None:  # a record's line is the line of its position
+                spans = line_spans(text, records)
+            claimed = merge_spans(claimed + spans) if claimed else spans
+            probe = _rest(text, claimed)
+            current = None
+        if not in_order and len(merged) > 1:  # timsort: one C-level pass when already in order
             merged.sort(key=_BY_POS)  # positions share one layout: text order is line order
         return merged
 
 
-def _without(block: Block, spans: list[tuple[int, int]]) -> tuple[Block, str]:
-    """``block`` with the given line spans blanked, and the text of the other lines only
-    (whole lines, so no keyword is cut or made up). Slices and joins: no per-line work."""
-    text, blanked, rest, prev = block.text, [], [], 0
+def _rest(text: str, spans: list[tuple[int, int]]) -> str:
+    """The text outside ``spans`` (whole lines: no keyword is cut or made up)."""
+    rest, prev = [], 0
     for start, end in spans:
-        piece = text[prev:start]
-        blanked.append(piece)
-        blanked.append(" " * (end - start))
-        rest.append(piece)
+        rest.append(text[prev:start])
         prev = end
-    blanked.append(text[prev:])
     rest.append(text[prev:])
-    return block.with_text("".join(blanked)), "".join(rest)
+    return "".join(rest)
+
+
+def _blanked(block: Block, spans: list[tuple[int, int]]) -> Block:
+    """``block`` with the lines in ``spans`` made blanks, newlines kept (so positions and line
+    numbers hold)."""
+    text, out, prev = block.text, [], 0
+    for start, end in spans:
+        out.append(text[prev:start])
+        out.append("\n".join(" " * len(line) for line in text[start:end].split("\n")))
+        prev = end
+    out.append(text[prev:])
+    return block.with_text("".join(out))
 
 
 @functools.lru_cache(maxsize=512)

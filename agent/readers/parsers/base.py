@@ -47,19 +47,27 @@ _TS_CACHE: dict[str, float] = {}  # "YYYY-MM-DD HH:MM" -> seconds; stamps share 
 _TS_CACHE_MAX = 4096
 
 
-def _stamp_seconds(s: str) -> float | None:
-    """Seconds (as if UTC) of a stamp ``_TS_RE`` matched; the minute is converted once per
-    minute. Every field has a fixed width, so each is found by position."""
-    base = _TS_CACHE.get(s[:16])
+def minute_seconds(m: str) -> float | None:
+    """Seconds (as if UTC) of a ``YYYY-MM-DD HH:MM`` stamp prefix, None for an impossible date;
+    cached, because the lines of one minute share it. Every field has a fixed width."""
+    base = _TS_CACHE.get(m)
     if base is None:
         try:
-            day = calendar.timegm((int(s[:4]), int(s[5:7]), int(s[8:10]), 0, 0, 0))
-            base = float(day + int(s[11:13]) * 3600 + int(s[14:16]) * 60)
+            day = calendar.timegm((int(m[:4]), int(m[5:7]), int(m[8:10]), 0, 0, 0))
+            base = float(day + int(m[11:13]) * 3600 + int(m[14:16]) * 60)
         except (ValueError, OverflowError):
             return None
         if len(_TS_CACHE) >= _TS_CACHE_MAX:
             _TS_CACHE.clear()
-        _TS_CACHE[s[:16]] = base
+        _TS_CACHE[m] = base
+    return base
+
+
+def _stamp_seconds(s: str) -> float | None:
+    """Seconds (as if UTC) of a stamp ``_TS_RE`` matched; the minute is converted once per minute."""
+    base = _TS_CACHE.get(s[:16])
+    if base is None and (base := minute_seconds(s[:16])) is None:
+        return None
     if len(s) == 19:
         return base + int(s[17:])
     return base + int(s[17:19]) + int(s[20:]) / 10 ** (len(s) - 20)
@@ -162,6 +170,30 @@ class Record:
         self.values.append((metric, value, tuple(attrs.items()) if attrs else ()))
 
 
+def line_spans(text: str, records: list[Record]) -> list[tuple[int, int]]:
+    """``(start, end)`` of the lines the records are on (``end`` at the newline or the end of
+    the text), in order, each line once."""
+    seen: dict[int, int] = {}
+    for r in records:
+        start = text.rfind("\n", 0, r.pos) + 1
+        if start not in seen:
+            end = text.find("\n", r.pos)
+            seen[start] = len(text) if end < 0 else end
+    return sorted(seen.items())
+
+
+def merge_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted spans with those that overlap (the same lines claimed twice) made one."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
 class Parser(abc.ABC):
     """Turns blocks of one producer's log lines into records.
 
@@ -186,6 +218,13 @@ class Parser(abc.ABC):
 
     def wants(self, text: str) -> bool:
         return any(k in text for k in self.keywords)
+
+    def parse_spans(self, block: Block) -> tuple[list[Record], list[tuple[int, int]] | None]:
+        """``parse`` plus, where the parser knows them for free, the ``(start, end)`` character
+        spans of the lines its records are on: whole lines, in order, disjoint, several adjacent
+        lines possibly in one span (``end`` at the last one's newline or the end of the text).
+        None lets ``CompositeParser`` find each record's line itself."""
+        return self.parse(block), None
 
     @abc.abstractmethod
     def parse(self, block: Block) -> list[Record]:

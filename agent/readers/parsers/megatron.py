@@ -6,15 +6,21 @@ NaN; the validation line's ``lm loss value`` is not a training loss.
 
 Speed: catching up on a backlog means millions of these lines, so a line of the usual shape is
 read by one C-level regex match (its fields come out as groups); any other shape takes the
-general per-field path, which reads the same values (see ``_SHAPE`` for why they agree).
+general per-field path, which reads the same values (see ``_SHAPE`` for why they agree). Faster
+still, a block's lines of one layout (the same field names in the same order, the line holding
+nothing but blanks and an optional stamp before ``iteration``) are read by a regex made for that
+layout (``_layout_re``): literal names instead of alternatives, no look-behind at every
+``iteration`` of a line. It is a special case of ``_SHAPE``, so it reads what the general regex
+would; lines it does not take are left to the general regex (see ``MegatronParser.parse_spans``).
 """
 
 from __future__ import annotations
 
 import re
+from operator import attrgetter
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, SKIPPED_INTERVAL
-from .base import Block, Parser, Record, to_float
+from .base import _TS_CACHE, Block, Parser, Record, line_spans, merge_spans, minute_seconds, to_float
 
 _VALID_RE = re.compile(r"validation loss at iteration\s+(\d+)\s*\|([^\n]*)")
 _ITER_FIELDS = (("lm loss:", LOSS), ("loss scale:", LOSS_SCALE), ("grad norm:", GRAD_NORM),
@@ -46,6 +52,7 @@ _SHAPE = (f"(?:{_OTHER})*+" + "".join(f"(?:[ \\t]*+{k}:([^|:\\n]*+)\\|)?+(?:{_OT
 _ITER_RE = re.compile(r"iteration(?:(?<=\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)\] iteration)|(?<!\witeration))"
                       r"\s+(\d+)\s*/\s*(\d+)\s*\|" f"(?:{_SHAPE}|([^\\n]*))")
 _STAMPED = len("[YYYY-MM-DD HH:MM:SS] ")
+_BY_POS = attrgetter("pos")
 
 
 def _field(rest: str, key: str) -> float | None:
@@ -95,42 +102,158 @@ def _shaped(lr: str | None, loss: str | None, scale: str | None, gnorm: str | No
     return values
 
 
+# A layout regex starts at the newline before its line (the block is searched with a newline put
+# in front): blanks, then ``[stamp] `` (minute and seconds apart: minutes are cached) or nothing,
+# then the head as ``_ITER_RE`` reads it. The blanks are bounded as ``parse`` bounds them: a stamp
+# counts only when ``iteration`` is within 120 characters of the line start. The empty group marks
+# where the record starts.
+_LAYOUT_HEAD = (r"\n(?:[ \t]{0,97}+\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d):(\d\d)\] |[ \t]++)()iteration"
+                r"[ \t]++(\d++)[ \t]*+/[ \t]*+\d++[ \t]*+\|")
+_ABSENT = r"(?:()(?!))?"  # a group that never takes part: a field the layout lacks reads as None
+_NAMES = frozenset(_KNOWN + _OTHERS)
+_LAYOUTS: dict[tuple[str, ...], tuple[re.Pattern[str], int] | None] = {}
+_LAYOUTS_MAX = 256
+
+
+def _layout_re(names: tuple[str, ...]) -> tuple[re.Pattern[str], int] | None:
+    """The regex for iteration lines with exactly these segment names, and how many times
+    ``iteration`` occurs in the fixed text of such a line; None for a layout ``_SHAPE`` would not
+    take (an unknown name, a known one repeated or out of order). Groups: minute, seconds, start
+    marker, step, then the six ``_KNOWN`` fields in their order whether present or not."""
+    got = _LAYOUTS.get(names)
+    if got is not None or names in _LAYOUTS:
+        return got
+    pieces, k = [_LAYOUT_HEAD], 0
+    for n in names:
+        if n not in _NAMES:
+            break
+        if n in _KNOWN:
+            i = _KNOWN.index(n)
+            if i < k:
+                break
+            pieces.extend([_ABSENT] * (i - k))
+            k = i + 1
+            pieces.append(f"[ \\t]*+{re.escape(n)}:([^|:\\n]*+)\\|")
+        else:
+            pieces.append(f"[ \\t]*+{re.escape(n)}:[^|:\\n]*+\\|")
+    else:
+        pieces.extend([_ABSENT] * (len(_KNOWN) - k))
+        pieces.append(r"[^|:\n]*+(?![^\n])")
+        got = (re.compile("".join(pieces)), 1 + sum(n.count("iteration") for n in names))
+    if len(_LAYOUTS) >= _LAYOUTS_MAX:
+        _LAYOUTS.clear()
+    _LAYOUTS[names] = got
+    return got
+
+
+def _first_layout(text: str) -> tuple[re.Pattern[str], int] | None:
+    """The layout regex for the first line of the usual shape in ``text`` (among its first few
+    iteration matches), if any."""
+    for _, m in zip(range(4), _ITER_RE.finditer(text)):
+        if m.group(10) is None:  # the usual shape
+            bar = text.index("|", m.end(3))
+            segs = text[bar + 1:m.end()].split("|")[:-1]
+            return _layout_re(tuple(seg.partition(":")[0].lstrip(" \t") for seg in segs))
+    return None
+
+
 class MegatronParser(Parser):
     name = "megatron"
     priority = 10
     keywords = ("iteration",)
 
     def parse(self, block: Block) -> list[Record]:
+        return self.parse_spans(block)[0]
+
+    def parse_spans(self, block: Block) -> tuple[list[Record], list[tuple[int, int]] | None]:
+        """Lines of the block's usual layout by its layout regex; then, unless every
+        ``iteration`` of the block was inside those lines, the general regex over the text
+        between them (no general match can reach into such a line: after its leading blanks
+        comes ``[`` or ``iteration``, never the digits, ``/`` or ``|`` of a head that ran over a
+        line end); then validation lines."""
+        text = block.text
         out: list[Record] = []
+        spans: list[tuple[int, int]] = []
+        extra: list[Record] = []
+        layout = _first_layout(text)
+        if layout is None:
+            self._general(block, 0, len(text), extra)
+        elif self._layout(block, layout[0], out, spans) * layout[1] != text.count("iteration"):
+            gap = 0
+            for start, end in spans:
+                if text.find("iteration", gap, start) >= 0:
+                    self._general(block, gap, start, extra)
+                gap = end
+            self._general(block, gap, len(text), extra)
+        if "validation loss" in text:
+            for m in _VALID_RE.finditer(text):
+                if (v := _field(m.group(2), "lm loss value:")) is None:
+                    continue
+                rec = self.record(block, m.start(), int(m.group(1)))
+                rec.add(EVAL_LOSS, v)
+                extra.append(rec)
+        if extra:
+            spans = merge_spans(spans + line_spans(text, extra))
+            out.extend(extra)
+            out.sort(key=_BY_POS)
+        return out, spans
+
+    def _layout(self, block: Block, regex: re.Pattern[str], out: list[Record],
+                spans: list[tuple[int, int]]) -> int:
+        """Records of the lines ``regex`` (a layout regex) takes, in order, and the spans of
+        their lines (runs of adjacent lines merged); returns how many lines it took."""
+        text, name, new, count, cache = block.text, self.name, object.__new__, block.text.count, _TS_CACHE
+        append = out.append
+        cur, line, run_start, run_end, n = 0, block.first_line, 0, -2, 0
+        for m in regex.finditer("\n" + text):
+            n += 1
+            minute, sec, _mark, step, lr, loss, scale, gnorm, skipped, nans = m.groups()
+            try:  # the common case: all four present and plain numbers, counters 0
+                values = [(LOSS, float(loss), ()), (LOSS_SCALE, float(scale), ()),  # type: ignore[arg-type]
+                          (GRAD_NORM, float(gnorm), ()), (LEARNING_RATE, float(lr), ())]  # type: ignore[arg-type]
+                if skipped.strip(" 0") or nans.strip(" 0"):  # type: ignore[union-attr]
+                    values = _shaped(lr, loss, scale, gnorm, skipped, nans)
+            except (TypeError, ValueError, AttributeError):
+                if lr is None and loss is None and scale is None:
+                    continue  # some other "iteration N/M |" text
+                values = _shaped(lr, loss, scale, gnorm, skipped, nans)
+            start = m.start()  # "\n" in front: the line's start in ``text``
+            line += count("\n", cur, start)
+            cur = start
+            rec = new(Record)  # Record(...) costs twice as much: this runs once per line
+            rec.line, rec.pos, rec.values, rec.step = line, m.start(3) - 1, values, int(step)
+            if minute is None:
+                rec.log_time = None
+            else:
+                base = cache.get(minute)
+                rec.log_time = None if base is None and (base := minute_seconds(minute)) is None \
+                    else base + int(sec)
+            rec.rank, rec.producer = None, name
+            append(rec)
+            if start != run_end + 1:
+                if run_end >= 0:
+                    spans.append((run_start, run_end))
+                run_start = start
+            run_end = m.end() - 1
+        if run_end >= 0:
+            spans.append((run_start, run_end))
+        return n
+
+    def _general(self, block: Block, start: int, end: int, out: list[Record]) -> None:
+        """Records of iteration lines in ``text[start:end]`` by the general regex."""
         text, name, new = block.text, self.name, block.record
-        for m in _ITER_RE.finditer(text):
+        for m in _ITER_RE.finditer(text, start, end):
             stamp, step, _total, lr, loss, scale, gnorm, skipped, nans, rest = m.groups()
             if rest is None:
-                try:  # inline for the common case: all four present and plain numbers, counters 0
-                    values = [(LOSS, float(loss), ()), (LOSS_SCALE, float(scale), ()),  # type: ignore[arg-type]
-                              (GRAD_NORM, float(gnorm), ()), (LEARNING_RATE, float(lr), ())]  # type: ignore[arg-type]
-                    if skipped.strip(" 0") or nans.strip(" 0"):  # type: ignore[union-attr]
-                        values = _shaped(lr, loss, scale, gnorm, skipped, nans)
-                except (TypeError, ValueError, AttributeError):
-                    if lr is None and loss is None and scale is None:
-                        continue  # some other "iteration N/M |" text
-                    values = _shaped(lr, loss, scale, gnorm, skipped, nans)
+                if lr is None and loss is None and scale is None:
+                    continue  # some other "iteration N/M |" text
+                values = _shaped(lr, loss, scale, gnorm, skipped, nans)
             elif (values := _general(rest)) is None:
                 continue
             pos = m.start()
             if stamp is not None:  # the stamp counts only as the first thing on its line
                 bracket = pos - _STAMPED
-                start = text.rfind("\n", 0, bracket) + 1
-                if pos >= start + 120 or (bracket != start and not text[start:bracket].isspace()):
+                line_start = text.rfind("\n", 0, bracket) + 1
+                if pos >= line_start + 120 or (bracket != line_start and not text[line_start:bracket].isspace()):
                     stamp = None
             out.append(new(pos, int(step), name, values, stamp))
-        if "validation loss" in text:
-            for m in _VALID_RE.finditer(text):
-                if (v := _field(m.group(2), "lm loss value:")) is None:
-                    continue
-                pos = m.start()
-                rec = self.record(block, pos, int(m.group(1)))
-                rec.add(EVAL_LOSS, v)
-                out.append(rec)
-            out.sort(key=lambda r: r.pos)
-        return out
