@@ -67,8 +67,21 @@ def write_pt(path: Path, arr: np.ndarray) -> None:
         z.writestr(f"{stem}/.format_version", "1")
         z.writestr(f"{stem}/.storage_alignment", "64")
         z.writestr(f"{stem}/byteorder", "little")
-        z.writestr(f"{stem}/data/0", a.tobytes())
+        _write_aligned(z, f"{stem}/data/0", a.tobytes())
         z.writestr(f"{stem}/version", "3\n")
+
+
+def _write_aligned(z: zipfile.ZipFile, name: str, data: bytes, align: int = 64) -> None:
+    """A stored member whose data starts at a multiple of ``align`` in the file, as torch's
+    writer places storages (padding in an "FB" extra field of the local header): a reader can
+    map the tensor and read whole words in place."""
+    assert z.fp is not None
+    start = z.fp.tell() + 30 + len(name.encode()) + 4      # local header, name, extra field id+size
+    pad = -start % align
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_STORED
+    info.extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
+    z.writestr(info, data)
 
 
 # -- the dump pair --------------------------------------------------------------------------------

@@ -17,7 +17,10 @@
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+/* x86-64-v3 (AVX2, F16C) and v4 (AVX-512 F/BW/DQ/VL): F16C converts halves, BW gives 16-bit
+ * lanes, DQ 64-bit integer converts. ISO C (-std=c11) leaves fp-contract off, so no clone
+ * fuses a multiply-add the others round twice: every clone gives the same bits. */
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CLONES
 #endif
@@ -91,7 +94,7 @@ static inline int32_t key32(uint32_t w) { int32_t s = (int32_t)w; return s ^ ((s
 static inline int32_t key16(uint16_t w) { int32_t s = (int16_t)w; return s ^ ((s >> 15) & 0x7fff); }
 
 typedef int v16i __attribute__((vector_size(64)));
-typedef short v32s __attribute__((vector_size(64)));
+typedef short v16s __attribute__((vector_size(32)));
 
 /* Lane-wise min/max of the keys of n words of type T, VT holding sizeof(VT)/sizeof(T) of them;
  * KEYV flips a vector of words into keys (arithmetic shifts: the sign spreads). */
@@ -125,7 +128,7 @@ CLONES static void range_keys(const void *p, Py_ssize_t n, int kind, int32_t *lo
     *lo_k = INT32_MAX;
     *hi_k = INT32_MIN;
     if (kind == K_F32) RANGE_LOOP(int32_t, v16i, 31, 0x7fffffff, key32)
-    else RANGE_LOOP(int16_t, v32s, 15, 0x7fff, key16)
+    else RANGE_LOOP(int16_t, v16s, 15, 0x7fff, key16)
 }
 
 static double key_value(int32_t k, int kind) {
@@ -172,6 +175,9 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
 typedef unsigned int v8u __attribute__((vector_size(32)));
 typedef unsigned short v8h __attribute__((vector_size(16)));
+#if defined(__FLT16_MAX__)
+typedef _Float16 v8hf __attribute__((vector_size(16)));
+#endif
 
 static inline __attribute__((always_inline)) v8d sel(v8l m, v8d a, v8d b) { return (v8d)((m & (v8l)a) | (~m & (v8l)b)); }
 static inline __attribute__((always_inline)) v8d vabs(v8d v) { return (v8d)((v8l)v & 0x7fffffffffffffffLL); }
@@ -187,11 +193,17 @@ static inline __attribute__((always_inline)) v8d vload(const void *p, Py_ssize_t
     memcpy(&w, (const uint16_t *)p + i, sizeof w);
     v8u u = __builtin_convertvector(w, v8u);
     if (kind == K_BF16) return __builtin_convertvector((v8f)(u << 16), v8d);
+#if defined(__FLT16_MAX__)
+    v8hf h;                                               /* F16C where the clone has it */
+    memcpy(&h, &w, sizeof h);
+    return __builtin_convertvector(__builtin_convertvector(h, v8f), v8d);
+#else
     v8u em = u & 0x7fffu, sign = (u & 0x8000u) << 16;     /* half_to_float, eight at a time */
     v8f v = (v8f)(em << 13) * 0x1p112f;
     v8i special = (v8i)(em >= 0x7c00u);
     v8i bits = (special & (v8i)(0x7f800000u | (em << 13))) | (~special & (v8i)v);
     return __builtin_convertvector((v8f)((v8u)bits | sign), v8d);
+#endif
 }
 
 /* log(p/q) for p, q >= float32 eps (both normal): q is scaled by 2^k, k the nearest integer to

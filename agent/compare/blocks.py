@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import math
 import threading
-from types import ModuleType
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
-from . import blocks_c
+Range = tuple[float, float]
 
 RATIO_THRESHOLDS: tuple[float, float] = (0.001, 0.005)
 EPS = float(np.finfo(float).eps)
@@ -228,13 +227,11 @@ class Kld:
     one divide, one log, one dot. Blocks that reach the clamp take the literal definition."""
 
     def __init__(self, sx_: Side, sy_: Side, x: np.ndarray, y: np.ndarray, n: int, sc: Scratch,
-                 mod: ModuleType | None = None) -> None:
+                 c_range: Callable[[Side, np.ndarray], Range | None] | None = None) -> None:
         mn, mx = [math.inf, math.inf], [-math.inf, -math.inf]
         self.bmin: dict[int, tuple[float, float]] = {}
-        kx, ky = (blocks_c.kind_of(sx_), blocks_c.kind_of(sy_)) if mod is not None else (None, None)
-        for off, xr, yr in pairs(x, y, n):
-            rx = blocks_c.block_range(mod, kx, xr) if kx is not None else None
-            ry = blocks_c.block_range(mod, ky, yr) if ky is not None else None
+        for off, xr, yr in pairs(x, y, n):   # c_range: the C kernel's range of a block, if it can
+            rx, ry = (c_range(sx_, xr), c_range(sy_, yr)) if c_range is not None else (None, None)
             (lx, hx), (ly, hy) = rx or _block_range(sx_, xr, sc), ry or _block_range(sy_, yr, sc)
             self.bmin[off] = (lx, ly)
             mn[0], mn[1], mx[0], mx[1] = min(mn[0], lx), min(mn[1], ly), max(mx[0], hx), max(mx[1], hy)
@@ -327,41 +324,6 @@ class Kld:
         return 0.0 if abs(kld) < EPS else kld
 
 
-def identical_block(sx_: Side, raw: np.ndarray, off: int, acc: Acc, sc: Scratch,
-                    kld: Kld | None, mod: ModuleType | None = None,
-                    sums: tuple[float, float] | None = None) -> None:
-    """A block whose bytes are equal on both sides: only the norms, sums and KLD terms
-    (``sums``: its (Σx, Σx²) from the C kernel, which then gives the KLD terms too)."""
-    m = raw.size
-    x = sc.x[:m]
-    widened = False
-    if sums is not None and math.isfinite(sums[0]):
-        s, q = sums
-    else:
-        _widen(sx_, raw, x, sc)
-        widened = True
-        s = float(np.add.reduce(x))
-        if not math.isfinite(s):  # NaN/Inf at the same places on both sides: zeroed, all matched
-            k = _zero_nonfinite(x)
-            acc.nonfin_x += k
-            acc.nonfin_y += k
-            acc.dirty.add(off)
-            s = float(np.add.reduce(x))
-        q = dot(x, x)
-    acc.sx.append(s), acc.sy.append(s)
-    acc.sxx.append(q), acc.syy.append(q), acc.sxy.append(q)
-    acc.c1 += m
-    acc.c5 += m
-    if kld is None:
-        acc.kld_todo.append((off, m, s))  # KLD is 0 unless another block differs: then revisited
-    elif not kld.same_free(off, m, s):
-        if not widened and mod is not None and blocks_c.same_terms(mod, blocks_c.kind_of(sx_), raw, kld):
-            return
-        if not widened:
-            _widen(sx_, raw, x, sc)
-        kld.same_block(off, x, sc.y[:m], sc.z[:m], s)
-
-
 def general_block(sx_: Side, sy_: Side, xr: np.ndarray, yr: np.ndarray, off: int, acc: Acc,
                   sc: Scratch, kld: Kld | None) -> None:
     """Every metric's partials for one block in three float64 buffers rewritten in place
@@ -423,26 +385,6 @@ def general_block(sx_: Side, sy_: Side, xr: np.ndarray, yr: np.ndarray, off: int
     acc.mrel = max(acc.mrel, float(np.maximum.reduce(r)))
     if kld is not None:
         kld.block(off, x, y, z, s_x, s_y)
-
-
-def revisit_identical(sx_: Side, x: np.ndarray, y: np.ndarray, n: int, acc: Acc, sc: Scratch,
-                      kld: Kld, mod: ModuleType | None = None) -> None:
-    """KLD terms of the identical blocks met before the first differing one (read again only
-    where their Σx cannot give them)."""
-    todo = {off: s for off, m, s in acc.kld_todo if not kld.same_free(off, m, s)}
-    if not todo:
-        return
-    kind = blocks_c.kind_of(sx_) if mod is not None else None
-    for off, xr, _ in pairs(x, y, n):
-        if off in todo:
-            if off not in acc.dirty and mod is not None and blocks_c.same_terms(mod, kind, xr, kld):
-                continue
-            m = xr.size
-            a = sc.x[:m]
-            _widen(sx_, xr, a, sc)
-            if off in acc.dirty:
-                _zero_nonfinite(a)
-            kld.same_block(off, a, sc.y[:m], sc.z[:m], todo[off])
 
 
 def same_bytes(xr: np.ndarray, yr: np.ndarray, uview: np.dtype, buf: np.ndarray) -> bool:

@@ -2,24 +2,26 @@
 which blocks it may take, and how its per-block partials land in the same accumulators as
 the numpy kernels' (:mod:`.blocks`), so the two paths mix block by block.
 
-The kernel takes float32, float16 and bfloat16 blocks that are contiguous, aligned and in native
-byte order, one pass per block. Everything else (float64, integers, bool, byte-swapped or
-misaligned data) and every block holding NaN/Inf (the kernel answers None) stays on numpy:
+The kernel takes float32, float16 and bfloat16 blocks that are contiguous and in native byte
+order (a misaligned one is copied first), one pass per block. Everything else (float64,
+integers, bool, byte-swapped data) and every block holding NaN/Inf (the kernel answers None)
+stays on numpy:
 those are rare, and the NaN/Inf policy lives in one place. The checks here are the first line;
 the kernel checks the buffer again and raises ValueError rather than read out of bounds, which
-this module turns into the numpy path.
+this module turns into the numpy path. Blocks whose bytes are equal on both sides (a rerun
+that reproduced) are dispatched here too, C first: :func:`identical_block`.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .blocks import Acc, Kld, Side
+from .blocks import Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, pairs
 
 F32, F16, BF16 = 0, 1, 2
 _KINDS = {"f4": F32, "f2": F16, "bf16": BF16}
@@ -32,17 +34,41 @@ def kind_of(side: Side) -> int | None:
 
 
 def fits(raw: np.ndarray) -> bool:
-    """A block the kernel can read as it is (chunks of a C-contiguous array are; nditer's
-    buffered chunks of a strided view are copies, contiguous too)."""
-    return raw.flags.c_contiguous and raw.flags.aligned and raw.dtype.isnative and raw.size > 0
+    """A block the kernel can read, perhaps after :func:`aligned` (chunks of a C-contiguous
+    array are contiguous; nditer's buffered chunks of a strided view are copies)."""
+    return raw.flags.c_contiguous and raw.dtype.isnative and raw.size > 0
 
 
-def block_range(mod: ModuleType, kind: int | None, raw: np.ndarray) -> tuple[float, float] | None:
+_kept = threading.local()
+
+
+def aligned(raw: np.ndarray, slot: int) -> np.ndarray:
+    """``raw``, or its copy in a buffer kept per thread (one per slot) when its address is not a
+    multiple of its item size: a zip member's data starts wherever the zip put it, and the
+    kernel reads whole words. One copy costs far less than the numpy passes it saves."""
+    if raw.flags.aligned:
+        return raw
+    bufs = getattr(_kept, "bufs", None)
+    if bufs is None:
+        bufs = _kept.bufs = [np.empty(0), np.empty(0)]
+    if bufs[slot].nbytes < raw.nbytes:
+        bufs[slot] = np.empty((raw.nbytes + 7) // 8)   # float64 words: 8-byte aligned
+    out = bufs[slot].view(np.uint8)[:raw.nbytes].view(raw.dtype)
+    np.copyto(out, raw)
+    return out
+
+
+def range_fn(mod: ModuleType) -> Callable[[Side, np.ndarray], Range | None]:
+    """The pre-pass's per-block range through the kernel (None for a block it cannot take)."""
+    return lambda side, raw: block_range(mod, kind_of(side), raw)
+
+
+def block_range(mod: ModuleType, kind: int | None, raw: np.ndarray) -> Range | None:
     """(min, max) of one block's float32 values with NaN/Inf counted as 0, or None (numpy)."""
     if kind is None or not fits(raw):
         return None
     try:
-        return mod.range(raw, kind)
+        return mod.range(aligned(raw, 0), kind)
     except ValueError:
         return None
 
@@ -54,7 +80,7 @@ def general(mod: ModuleType, kx: int | None, ky: int | None, xr: np.ndarray, yr:
     if kx is None or ky is None or not (fits(xr) and fits(yr)):
         return False
     try:
-        r = mod.block(xr, yr, kx, ky, acc.first_diff is None, acc.mad,
+        r = mod.block(aligned(xr, 0), aligned(yr, 1), kx, ky, acc.first_diff is None, acc.mad,
                       None if kld is None else kld.params())
     except ValueError:
         return False
@@ -85,7 +111,7 @@ def identical(mod: ModuleType, kind: int | None, xr: np.ndarray, yr: np.ndarray)
     if kind is None or not (fits(xr) and fits(yr)):
         return True
     try:
-        r = mod.same(xr, yr, kind)
+        r = mod.same(aligned(xr, 0), aligned(yr, 1), kind)
     except ValueError:
         return True
     return False if r is None else r
@@ -96,10 +122,67 @@ def same_terms(mod: ModuleType, kind: int | None, raw: np.ndarray, kld: Kld) -> 
     if kind is None or not fits(raw):
         return False
     try:
-        r = mod.block(raw, raw, kind, kind, False, math.inf, kld.params())
+        a = aligned(raw, 0)
+        r = mod.block(a, a, kind, kind, False, math.inf, kld.params())
     except ValueError:
         return False
     if r is None:
         return False
     kld.add_g(r[15], r[16], r[17])
     return True
+
+
+# -- identical blocks: C where it can, numpy otherwise -------------------------------------------
+def identical_block(sx_: Side, raw: np.ndarray, off: int, acc: Acc, sc: Scratch,
+                    kld: Kld | None, mod: ModuleType | None = None,
+                    sums: tuple[float, float] | None = None) -> None:
+    """A block whose bytes are equal on both sides: only the norms, sums and KLD terms
+    (``sums``: its (Σx, Σx²) from the C kernel, which then gives the KLD terms too)."""
+    m = raw.size
+    x = sc.x[:m]
+    widened = False
+    if sums is not None and math.isfinite(sums[0]):
+        s, q = sums
+    else:
+        _widen(sx_, raw, x, sc)
+        widened = True
+        s = float(np.add.reduce(x))
+        if not math.isfinite(s):  # NaN/Inf at the same places on both sides: zeroed, all matched
+            k = _zero_nonfinite(x)
+            acc.nonfin_x += k
+            acc.nonfin_y += k
+            acc.dirty.add(off)
+            s = float(np.add.reduce(x))
+        q = dot(x, x)
+    acc.sx.append(s), acc.sy.append(s)
+    acc.sxx.append(q), acc.syy.append(q), acc.sxy.append(q)
+    acc.c1 += m
+    acc.c5 += m
+    if kld is None:
+        acc.kld_todo.append((off, m, s))  # KLD is 0 unless another block differs: then revisited
+    elif not kld.same_free(off, m, s):
+        if not widened and mod is not None and same_terms(mod, kind_of(sx_), raw, kld):
+            return
+        if not widened:
+            _widen(sx_, raw, x, sc)
+        kld.same_block(off, x, sc.y[:m], sc.z[:m], s)
+
+
+def revisit_identical(sx_: Side, x: np.ndarray, y: np.ndarray, n: int, acc: Acc, sc: Scratch,
+                      kld: Kld, mod: ModuleType | None = None) -> None:
+    """KLD terms of the identical blocks met before the first differing one (read again only
+    where their Σx cannot give them)."""
+    todo = {off: s for off, m, s in acc.kld_todo if not kld.same_free(off, m, s)}
+    if not todo:
+        return
+    kind = kind_of(sx_) if mod is not None else None
+    for off, xr, _ in pairs(x, y, n):
+        if off in todo:
+            if off not in acc.dirty and mod is not None and same_terms(mod, kind, xr, kld):
+                continue
+            m = xr.size
+            a = sc.x[:m]
+            _widen(sx_, xr, a, sc)
+            if off in acc.dirty:
+                _zero_nonfinite(a)
+            kld.same_block(off, a, sc.y[:m], sc.z[:m], todo[off])

@@ -62,8 +62,9 @@ import numpy as np
 from .. import kernels
 from ..model import TensorStats
 from . import blocks_c
-from .blocks import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Side, general_block, identical_block,
-                     pairs, revisit_identical, same_bytes, scratch)
+from .blocks import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Side, general_block, pairs, same_bytes,
+                     scratch)
+from .blocks_c import identical_block, revisit_identical
 
 __all__ = ["BOOL_METRICS", "DEFAULT_BLOCK", "EPS", "EPS32", "METRIC_NAMES", "RATIO_NAMES",
            "RATIO_THRESHOLDS", "REASON_EMPTY", "REASON_NONFINITE", "REASON_SCALAR", "REASON_ZERO_X",
@@ -154,7 +155,7 @@ def compare_arrays(target: np.ndarray, bench: np.ndarray, *, target_dtype: str |
                         identical_block(sx_, xr, off, acc, sc, kld, mod, sums)
                         continue
             if kld is None and not is_bool:  # the first differing block: KLD needs both ranges
-                kld = Kld(sx_, sy_, x, y, n, sc, mod)
+                kld = Kld(sx_, sy_, x, y, n, sc, blocks_c.range_fn(mod) if mod is not None else None)
             acc.bitwise = False
             if mod is None or not blocks_c.general(mod, kx, ky, xr, yr, off, acc, kld):
                 general_block(sx_, sy_, xr, yr, off, acc, sc, kld)
