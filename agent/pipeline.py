@@ -191,6 +191,10 @@ class MemoryBook:
         self._clear_rules: set[str] = set()
         self._failed: set[str] = set()
         self._seq = 0
+        # hash of the row last written per (rule, slot, series key): a detector that touches its
+        # memory without changing it (stalled's tick, every evaluation interval) writes nothing,
+        # so an idle agent does not commit (and fsync) every few seconds
+        self._written: dict[tuple[str, str, str], int] = {}
 
     def set_rules(self, rules: list[Rule]) -> list[Rule]:
         """Take the rules in force. A rule rebuilt by a reload but unchanged keeps its memory;
@@ -217,6 +221,10 @@ class MemoryBook:
             delta.keep = {key: dig for _, key, dig in self.entries} | {k: "" for k in self.extra}
             self._prune = False
         delta.clear += [(key, None) for key in sorted(self._clear_rules)]
+        if full:
+            self._written.clear()
+        elif self._clear_rules:
+            self._written = {k: h for k, h in self._written.items() if k[0] not in self._clear_rules}
         self._clear_rules.clear()
         for rule, key, dig in self.entries:
             if key in self._failed:
@@ -241,18 +249,28 @@ class MemoryBook:
 
     def _collect(self, det: Detector, key: str, dig: str, full: bool, out: MemoryDelta) -> None:
         for slot, ps in slots_of(det).items():
-            if full or ps.reset:
+            force = full or ps.reset
+            if force:
                 out.clear.append((key, slot))
+                self._written = {w: h for w, h in self._written.items() if w[:2] != (key, slot)}
                 keys: Iterable[Labels] = [k for k, _ in ps.items()]
             else:
-                out.deletes += [(key, slot, dump_key(k)) for k in ps.removed]
+                for k in ps.removed:
+                    lk = dump_key(k)
+                    self._written.pop((key, slot, lk), None)
+                    out.deletes.append((key, slot, lk))
                 keys = ps.changed if 4 * len(ps.changed) < len(ps) else \
                     [k for k, _ in ps.items() if k in ps.changed]  # LRU order, cheaply
             for k in keys:
                 v = ps.value(k)
                 if v is not None:
-                    out.upserts.append((key, slot, dump_key(k), dig, dumps(encode_record(ps.factory, v)),
-                                        self._next()))
+                    lk = dump_key(k)
+                    data = dumps(encode_record(ps.factory, v))
+                    h = hash(data)
+                    if not force and self._written.get((key, slot, lk)) == h:
+                        continue  # touched, not changed
+                    self._written[(key, slot, lk)] = h
+                    out.upserts.append((key, slot, lk, dig, data, self._next()))
             ps.persisted()
         if explicit(det) and (full or det.memory_dirty):
             out.upserts.append((key, WHOLE, "", dig, dumps(encode(det.state())), self._next()))
@@ -265,6 +283,7 @@ class MemoryBook:
     def requeue(self, delta: MemoryDelta) -> None:
         """The commit of ``delta`` failed: the next one rewrites everything."""
         self._full = True
+        self._written.clear()
         self._clear_rules |= {key for key, slot in delta.clear if slot is None}
 
     def restore(self, rows: Iterable[tuple[str, str, str, str, str, int]]) -> list[Rule]:

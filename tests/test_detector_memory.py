@@ -339,3 +339,28 @@ def test_keep_firing_for_wait_survives_a_restart(tmp_path):
     p2.tick(1100.0 + 61)
     (dec,) = [a for a in p2.alerts.alerts.values() if a.rule == "Decreasing"]
     assert dec.state.value == "resolved"
+
+
+def test_memory_touched_but_unchanged_writes_nothing(tmp_path):
+    """The stalled rule's tick looks up its track every evaluation interval: with no new record,
+    the rows would be the same, so there is nothing to commit (an idle agent must not write and
+    fsync its database every few seconds); a new record, or a failed commit, writes again."""
+    d = tmp_path / "rules"
+    d.mkdir()
+    (d / "r.yml").write_text("groups:\n  - name: g\n    rules:\n      - alert: Stalled\n        kind: stalled\n"
+                             "        params: {after: 600, progress: step}\n        labels: {severity: ticket}\n")
+    p = Pipeline(load_rules([d]))
+    p.process([sample(LOSS, 3.0, 1)])
+    p.tick(1001.0)
+    first = p.memory_delta()
+    assert first.upserts, "the first commit stores the stalled track"
+    for now in (1004.0, 1007.0, 1010.0):
+        p.tick(now)
+        assert not p.memory_delta(), f"tick at {now} rewrote unchanged memory"
+    p.process([sample(LOSS, 2.9, 2)])
+    p.tick(1013.0)
+    changed = p.memory_delta()
+    assert [u[1:3] for u in changed.upserts] == [u[1:3] for u in first.upserts]
+    p.memory.requeue(changed)  # the commit failed: everything is written again
+    p.tick(1016.0)
+    assert p.memory_delta().upserts
