@@ -5,7 +5,7 @@
  * loops read each element pair once and keep every partial sum in registers. Inputs are
  * float32, float16 or bfloat16 words (kind 0, 1, 2), contiguous, native order and aligned:
  * anything else is refused with ValueError and the caller keeps numpy. Sums run in float64
- * over LANES independent accumulators (a fixed order, so a result does not depend on the CPU
+ * over eight independent accumulators (a fixed order, so a result does not depend on the CPU
  * or on which SIMD clone runs), returned per block and folded by the caller with math.fsum.
  * A block holding NaN/Inf gives None: the caller's numpy path applies the NaN/Inf policy.
  * No -ffast-math: the NaN tests and the ratio thresholds depend on IEEE comparisons.
@@ -17,15 +17,14 @@
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-/* x86-64-v3 (AVX2, F16C) and v4 (AVX-512 F/BW/DQ/VL): F16C converts halves, BW gives 16-bit
- * lanes, DQ 64-bit integer converts. ISO C (-std=c11) leaves fp-contract off, so no clone
+/* x86-64-v3 (AVX2, FMA, BMI) and v4 (AVX-512 F/BW/DQ/VL: BW gives 16-bit lanes, DQ 64-bit
+ * integer converts). ISO C (-std=c11) leaves fp-contract off, so no clone
  * fuses a multiply-add the others round twice: every clone gives the same bits. */
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CLONES
 #endif
 
-#define LANES 8
 #define K_F32 0
 #define K_F16 1
 #define K_BF16 2
@@ -174,36 +173,30 @@ typedef long long v8l __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
 typedef unsigned int v8u __attribute__((vector_size(32)));
-typedef unsigned short v8h __attribute__((vector_size(16)));
-#if defined(__FLT16_MAX__)
-typedef _Float16 v8hf __attribute__((vector_size(16)));
-#endif
 
 static inline __attribute__((always_inline)) v8d sel(v8l m, v8d a, v8d b) { return (v8d)((m & (v8l)a) | (~m & (v8l)b)); }
 static inline __attribute__((always_inline)) v8d vabs(v8d v) { return (v8d)((v8l)v & 0x7fffffffffffffffLL); }
 static inline __attribute__((always_inline)) v8d splat(double v) { return (v8d){v, v, v, v, v, v, v, v}; }
 
 static inline __attribute__((always_inline)) v8d vload(const void *p, Py_ssize_t i, int kind) {
+    /* element-wise initialisers: GCC makes one vcvtps2pd (zmm) of them, where a converted
+     * vector load came out as four instructions */
     if (kind == K_F32) {
-        v8f f;
-        memcpy(&f, (const float *)p + i, sizeof f);
-        return __builtin_convertvector(f, v8d);
+        const float *f = (const float *)p + i;
+        return (v8d){f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
     }
-    v8h w;
-    memcpy(&w, (const uint16_t *)p + i, sizeof w);
-    v8u u = __builtin_convertvector(w, v8u);
-    if (kind == K_BF16) return __builtin_convertvector((v8f)(u << 16), v8d);
-#if defined(__FLT16_MAX__)
-    v8hf h;                                               /* F16C where the clone has it */
-    memcpy(&h, &w, sizeof h);
-    return __builtin_convertvector(__builtin_convertvector(h, v8f), v8d);
-#else
+    const uint16_t *h = (const uint16_t *)p + i;
+    v8u u = {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
+    if (kind == K_BF16) {
+        v8f f = (v8f)(u << 16);
+        return (v8d){f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
+    }
     v8u em = u & 0x7fffu, sign = (u & 0x8000u) << 16;     /* half_to_float, eight at a time */
     v8f v = (v8f)(em << 13) * 0x1p112f;
     v8i special = (v8i)(em >= 0x7c00u);
     v8i bits = (special & (v8i)(0x7f800000u | (em << 13))) | (~special & (v8i)v);
-    return __builtin_convertvector((v8f)((v8u)bits | sign), v8d);
-#endif
+    v8f f = (v8f)((v8u)bits | sign);
+    return (v8d){f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
 }
 
 /* log(p/q) for p, q >= float32 eps (both normal): q is scaled by 2^k, k the nearest integer to
@@ -243,13 +236,13 @@ typedef struct {
 /* KLD's terms, as G = Σ b·g(w) with w = (a − b)/b and g(w) = (1 + w)·log(1 + w) − w >= 0, so
  * that Σ a·log(a/b) = G + Σa − Σb. Each term is second order in the difference and none cancel,
  * so a short series serves where |w| <= 1/32 (g = w²/2 − w³/6 + w⁴/12 − …, to w⁷: 3e-11
- * relative); a block with a larger |w| somewhere gets a second loop for those terms, with
+ * relative; bfloat16's rounding alone reaches 1/128); a block with a larger |w| somewhere gets
+ * a second loop for those terms, with
  * a·log(a/b) − (a − b) and the full log (cancellation costs at most a factor 64 of 2^-53). */
 #define W0 0.03125
 static inline __attribute__((always_inline)) v8d g_small(v8d w) {
-    v8d w2 = w * w;
-    v8d c = ((-1.0 / 6 + w * (1.0 / 12)) + w2 * (-1.0 / 20 + w * (1.0 / 30))) + (w2 * w2) * (-1.0 / 42);
-    return w2 * (0.5 + w * c);
+    v8d c = 1.0 / 12 + w * (-1.0 / 20 + w * (1.0 / 30 + w * (-1.0 / 42)));
+    return (w * w) * (0.5 + w * (-1.0 / 6 + w * c));
 }
 
 /* Eight element pairs (lanes where `valid` is set: the tail) into the lanes (metrics.py has the
@@ -272,10 +265,13 @@ step(Lanes *a, v8d x, v8d y, v8l valid, int kld, const KldP *kp) {
     v8d rb = (v8d)((ay > EPS64) & (v8l)r);      /* msaccucmp: |y| <= eps contributes 0 */
     a->srel += rb;
     a->mrel = sel(rb > a->mrel, rb, a->mrel);
-    if (kld) {
+    if (kld) {                                  /* kld == 2: no element of the block is clamped */
         v8d p = (x - kp->shx) * kp->scx, q = (y - kp->shy) * kp->scy;
-        p = sel(p < EPS32, splat(EPS32), p);    /* the clamp, then the padding's terms to 0 */
-        q = sel(valid, sel(q < EPS32, splat(EPS32), q), splat(1.0));
+        if (kld == 1) {                         /* the clamp at float32 eps */
+            p = sel(p < EPS32, splat(EPS32), p);
+            q = sel(q < EPS32, splat(EPS32), q);
+        }
+        q = sel(valid, q, splat(1.0));          /* the padding's terms: 0 */
         p = sel(valid, p, splat(1.0));
         v8d w = (p - q) / q;                    /* p − q exact where |w| <= 1/32 (Sterbenz) */
         v8l far = vabs(w) > W0;                 /* their terms: a second loop, far_terms */
@@ -338,10 +334,11 @@ typedef void (*block_fn)(const void *, const void *, Py_ssize_t, const KldP *, S
                                                  const KldP *kp, Sums *o) { \
         block_body(px, py, n, KX, KY, KLD, kp, o); }
 #define DEF_ROW(KX, KLD) DEF_BLOCK(KX, 0, KLD) DEF_BLOCK(KX, 1, KLD) DEF_BLOCK(KX, 2, KLD)
-DEF_ROW(0, 0) DEF_ROW(1, 0) DEF_ROW(2, 0) DEF_ROW(0, 1) DEF_ROW(1, 1) DEF_ROW(2, 1)
+#define DEF_KLD(KLD) DEF_ROW(0, KLD) DEF_ROW(1, KLD) DEF_ROW(2, KLD)
+DEF_KLD(0) DEF_KLD(1) DEF_KLD(2)
 #define FN_ROW(KX, KLD) {block_##KX##_0_##KLD, block_##KX##_1_##KLD, block_##KX##_2_##KLD}
-static const block_fn BLOCKS[2][3][3] = {
-    {FN_ROW(0, 0), FN_ROW(1, 0), FN_ROW(2, 0)}, {FN_ROW(0, 1), FN_ROW(1, 1), FN_ROW(2, 1)}};
+#define FN_KLD(KLD) {FN_ROW(0, KLD), FN_ROW(1, KLD), FN_ROW(2, KLD)}
+static const block_fn BLOCKS[3][3][3] = {FN_KLD(0), FN_KLD(1), FN_KLD(2)};
 
 /* Index of the first pair whose values differ (the main pass only counts them). */
 static Py_ssize_t first_diff(const void *px, const void *py, Py_ssize_t n, int kx, int ky) {
@@ -363,8 +360,11 @@ static PyObject *py_block(PyObject *self, PyObject *args) {
     double mad_floor;
     if (!PyArg_ParseTuple(args, "OOiipdO", &ox, &oy, &kx, &ky, &want_first, &mad_floor, &okld)) return NULL;
     KldP kp = {0.0, 1.0, 0.0, 1.0};
-    int kld = okld != Py_None;
-    if (kld && !PyArg_ParseTuple(okld, "dddd", &kp.shx, &kp.scx, &kp.shy, &kp.scy)) return NULL;
+    int kld = 0, clamps = 1;                     /* kld: (shift, scale) of each side, clamps */
+    if (okld != Py_None) {
+        if (!PyArg_ParseTuple(okld, "dddd|p", &kp.shx, &kp.scx, &kp.shy, &kp.scy, &clamps)) return NULL;
+        kld = clamps ? 1 : 2;
+    }
     Py_buffer vx, vy;
     Py_ssize_t n = get_words(ox, kx, &vx);
     if (n < 0) return NULL;
@@ -397,27 +397,27 @@ static PyObject *py_block(PyObject *self, PyObject *args) {
  * Bytes equal on both sides: only Σx and Σx² are needed. Compares the words and sums in one
  * pass; returns None as soon as a chunk differs (the caller then runs the full pass). */
 CLONES static int same_sums(const void *px, const void *py, Py_ssize_t n, int kind, double *s, double *q) {
-    double sl[LANES] = {0}, ql[LANES] = {0};
-    const Py_ssize_t CH = 4096;
+    v8d sl = {0}, ql = {0};
+    const Py_ssize_t CH = 4096;                 /* a multiple of 8: only the last chunk has a tail */
     size_t isz = (size_t)item_size(kind);
     for (Py_ssize_t c = 0; c < n; c += CH) {
-        Py_ssize_t e = c + CH < n ? c + CH : n;
+        Py_ssize_t e = c + CH < n ? c + CH : n, i = c;
         if (memcmp((const char *)px + c * isz, (const char *)py + c * isz, (size_t)(e - c) * isz)) return 0;
-        Py_ssize_t i = c;
-        for (; i + LANES <= e; i += LANES)
-            for (int j = 0; j < LANES; j++) {
-                double x = load(px, i + j, kind);
-                sl[j] += x;
-                ql[j] += x * x;
-            }
-        for (int j = 0; i < e; i++, j++) {
-            double x = load(px, i, kind);
-            sl[j] += x;
-            ql[j] += x * x;
+        for (; i + 8 <= e; i += 8) {
+            v8d x = vload(px, i, kind);
+            sl += x;
+            ql += x * x;
+        }
+        if (i < e) {                            /* zero padding adds nothing to either sum */
+            unsigned char buf[32] = {0};
+            memcpy(buf, (const char *)px + i * isz, (size_t)(e - i) * isz);
+            v8d x = vload(buf, 0, kind);
+            sl += x;
+            ql += x * x;
         }
     }
     *s = *q = 0.0;
-    for (int j = 0; j < LANES; j++) { *s += sl[j]; *q += ql[j]; }
+    for (int j = 0; j < 8; j++) { *s += sl[j]; *q += ql[j]; }
     return 1;
 }
 

@@ -249,9 +249,10 @@ class Kld:
         self.cb: list[float] = []
         self.g: list[float] = []
 
-    def params(self) -> tuple[float, float, float, float]:
-        """(shift, scale) of each side, as the C kernel takes them."""
-        return self.shift[0], self.scale[0], self.shift[1], self.scale[1]
+    def params(self, off: int) -> tuple[float, float, float, float, bool]:
+        """(shift, scale) of each side and whether block ``off`` may reach the clamp, as the C
+        kernel takes them (it skips the clamp where it cannot bite)."""
+        return self.shift[0], self.scale[0], self.shift[1], self.scale[1], self._clamps(off)
 
     def add_g(self, sa: float, sb: float, g: float) -> None:
         """One block's Σa, Σb and G = Σ a·log(a/b) − Σa + Σb from the C kernel, whose terms

@@ -81,7 +81,7 @@ def general(mod: ModuleType, kx: int | None, ky: int | None, xr: np.ndarray, yr:
         return False
     try:
         r = mod.block(aligned(xr, 0), aligned(yr, 1), kx, ky, acc.first_diff is None, acc.mad,
-                      None if kld is None else kld.params())
+                      None if kld is None else kld.params(off))
     except ValueError:
         return False
     if r is None:
@@ -117,13 +117,13 @@ def identical(mod: ModuleType, kind: int | None, xr: np.ndarray, yr: np.ndarray)
     return False if r is None else r
 
 
-def same_terms(mod: ModuleType, kind: int | None, raw: np.ndarray, kld: Kld) -> bool:
+def same_terms(mod: ModuleType, kind: int | None, raw: np.ndarray, kld: Kld, off: int) -> bool:
     """KLD terms of a block equal on both sides (its values ``raw`` on both); False: numpy."""
     if kind is None or not fits(raw):
         return False
     try:
         a = aligned(raw, 0)
-        r = mod.block(a, a, kind, kind, False, math.inf, kld.params())
+        r = mod.block(a, a, kind, kind, False, math.inf, kld.params(off))
     except ValueError:
         return False
     if r is None:
@@ -161,7 +161,7 @@ def identical_block(sx_: Side, raw: np.ndarray, off: int, acc: Acc, sc: Scratch,
     if kld is None:
         acc.kld_todo.append((off, m, s))  # KLD is 0 unless another block differs: then revisited
     elif not kld.same_free(off, m, s):
-        if not widened and mod is not None and same_terms(mod, kind_of(sx_), raw, kld):
+        if not widened and mod is not None and same_terms(mod, kind_of(sx_), raw, kld, off):
             return
         if not widened:
             _widen(sx_, raw, x, sc)
@@ -178,7 +178,7 @@ def revisit_identical(sx_: Side, x: np.ndarray, y: np.ndarray, n: int, acc: Acc,
     kind = kind_of(sx_) if mod is not None else None
     for off, xr, _ in pairs(x, y, n):
         if off in todo:
-            if off not in acc.dirty and mod is not None and same_terms(mod, kind, xr, kld):
+            if off not in acc.dirty and mod is not None and same_terms(mod, kind, xr, kld, off):
                 continue
             m = xr.size
             a = sc.x[:m]
