@@ -3,7 +3,9 @@ against numpy's ``a.sum() + b.sum()`` over the same two arrays, in the same run 
 
 Two pairs: *identical* (a rerun that reproduced bit for bit: the bitwise fast path) and
 *different* (every element off by ~1e-3 relative: every metric, after a min/max pre-pass for
-KLD); then the different pair as fp16 and as bfloat16 (NPU dumps' usual dtypes). Each round
+KLD); then the different pair as fp16 and as bfloat16 (NPU dumps' usual dtypes). Every compare
+runs on the compiled kernel (agent/compare/_comparec.c, when built) and on the numpy kernels,
+interleaved in the same rounds, so the two paths are compared under the same load. Each round
 times the sum, then the compares, so they share the host's conditions; best of N by wall time
 and, separately, by CPU time of this process (steadier on a shared host, where another job can
 take the core mid-run). The traced peak of Python/numpy allocations
@@ -85,6 +87,21 @@ def op_table(a: np.ndarray, b: np.ndarray, block: int, repeat: int = 7) -> list[
     return rows
 
 
+def _paths() -> list[str]:
+    from precision_agent import kernels
+    return ["c", "numpy"] if kernels.built("compare") else ["numpy"]
+
+
+def _in(path: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` run with the block kernels of ``path`` ("c" or "numpy")."""
+    from precision_agent import kernels
+
+    def call() -> Any:
+        with kernels.forced(path):
+            return fn()
+    return call
+
+
 def run(size_mib: int = 256, repeat: int = 3, block: int | None = None, ops: bool = False) -> dict[str, Any]:
     from precision_agent.compare.blocks import drop_scratch
     from precision_agent.compare.metrics import DEFAULT_BLOCK, compare_arrays
@@ -95,26 +112,36 @@ def run(size_mib: int = 256, repeat: int = 3, block: int | None = None, ops: boo
     a = rng.standard_normal(n, dtype=np.float32)
     same = a.copy()
     b = a + rng.standard_normal(n, dtype=np.float32) * np.float32(1e-3)
-    wall, cpu = _best({"sum": lambda: (a.sum(), b.sum()),
-                       "identical": lambda: compare_arrays(a, same, block_elems=block),
-                       "different": lambda: compare_arrays(a, b, block_elems=block)}, repeat)
+    paths = _paths()   # the first is what runs by default (keys without a suffix)
+    fns: dict[str, Callable[[], Any]] = {"sum": lambda: (a.sum(), b.sum())}
+    for k in paths:
+        fns[f"identical_{k}"] = _in(k, lambda: compare_arrays(a, same, block_elems=block))
+        fns[f"different_{k}"] = _in(k, lambda: compare_arrays(a, b, block_elems=block))
+    wall, cpu = _best(fns, repeat)
     del same
     a16, b16 = a.astype(np.float16), b.astype(np.float16)
     abf, bbf = ((v.view(np.uint32) >> 16).astype(np.uint16) for v in (a, b))   # truncated bfloat16
-    hw, hc = _best({"different_fp16": lambda: compare_arrays(a16, b16, block_elems=block),
-                    "different_bf16": lambda: compare_arrays(abf, bbf, target_dtype="bfloat16",
-                                                             bench_dtype="bfloat16", block_elems=block)}, repeat)
+    hfns: dict[str, Callable[[], Any]] = {}
+    for k in paths:
+        hfns[f"different_fp16_{k}"] = _in(k, lambda: compare_arrays(a16, b16, block_elems=block))
+        hfns[f"different_bf16_{k}"] = _in(k, lambda: compare_arrays(
+            abf, bbf, target_dtype="bfloat16", bench_dtype="bfloat16", block_elems=block))
+    hw, hc = _best(hfns, repeat)
     wall.update(hw)
     cpu.update(hc)
     del a16, b16, abf, bbf
+    for t in (wall, cpu):   # the default path under the historical names
+        for name in ("identical", "different", "different_fp16", "different_bf16"):
+            t[name] = t[f"{name}_{paths[0]}"]
     drop_scratch()   # the block buffers are kept between compares: count them in the peak
     tracemalloc.start()
-    d = compare_arrays(a, b, block_elems=block)
+    d = _in(paths[0], lambda: compare_arrays(a, b, block_elems=block))()
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     res: dict[str, Any] = {
         "bench": "compare", "date": common.now_iso(), "host": common.host_info(),
-        "params": {"size_mib": size_mib, "elements": n, "repeat": repeat, "block_elems": block},
+        "params": {"size_mib": size_mib, "elements": n, "repeat": repeat, "block_elems": block,
+                   "kernels": paths},
         "goal": {"ratio": GOAL_RATIO},
         "sum_s": wall["sum"], "sum_gb_per_s": 2 * n * 4 / wall["sum"] / 1e9,
         "identical_s": wall["identical"], "different_s": wall["different"],
@@ -128,6 +155,8 @@ def run(size_mib: int = 256, repeat: int = 3, block: int | None = None, ops: boo
                        "different_to_sum": cpu["sum"] / max(cpu["different"], 1e-9)},
         # 16-bit dumps (NPU side): same element count, against the same fp32 sum per element
         "half_ratios": {k: wall["sum"] / wall[k] for k in ("different_fp16", "different_bf16")},
+        "by_kernel": {k: {name: wall["sum"] / wall[f"{name}_{k}"] for name in
+                          ("identical", "different", "different_fp16", "different_bf16")} for k in paths},
     }
     if ops:
         res["ops"] = op_table(a, b, block)
@@ -141,7 +170,8 @@ def report(res: dict[str, Any]) -> str:
         return "within goal" if v >= GOAL_RATIO else "BELOW GOAL"
 
     lines = [
-        f"compare: two {p['size_mib']} MiB fp32 arrays, block {p['block_elems']} elements, best of {p['repeat']}",
+        f"compare: two {p['size_mib']} MiB fp32 arrays, block {p['block_elems']} elements, best of {p['repeat']}, "
+        f"kernels {'/'.join(p.get('kernels', ['numpy']))} (the first is the default, reported first)",
         f"  a.sum() + b.sum() {res['sum_s']:.3f} s ({res['sum_gb_per_s']:.1f} GB/s over both, "
         f"{ns['sum']:.2f} ns per element pair)",
         f"  identical pair (bitwise fast path): {res['identical_s']:.3f} s ({ns['identical']:.2f} ns/pair), "
@@ -155,6 +185,10 @@ def report(res: dict[str, Any]) -> str:
         f"{res['half_ratios']['different_fp16']:.3f} / {res['half_ratios']['different_bf16']:.3f}",
         f"  traced peak allocation during a compare: {res['peak_traced_bytes'] / common.MB:.2f} MB",
     ]
+    for k, rs in res.get("by_kernel", {}).items():
+        lines.append(f"  {k:5s} kernels, throughput / sum (same rounds): identical {rs['identical']:.3f}, "
+                     f"different {rs['different']:.3f}, fp16 {rs['different_fp16']:.3f}, "
+                     f"bf16 {rs['different_bf16']:.3f}")
     if "ops" in res:
         lines.append("  where a different pair's time goes (each pass alone, in cache, CPU ns):")
         lines.append(f"    {'pass':48s} {'ns/elem':>8s} {'x per pair':>10s} {'ns/pair':>8s}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import shutil
 import struct
@@ -148,7 +149,16 @@ def write_dump(root: Path, blocks: int, half_block: int | None) -> int:
 
 
 # -- timing -----------------------------------------------------------------------------------------
-def _timed(cmd: list[str], repeat: int, ok: tuple[int, ...]) -> tuple[dict[str, Any], str]:
+def _env(**extra: str) -> dict[str, str]:
+    """The environment a user's shell gives both tools: bytecode caches written and used, as
+    after any pip install (a CI shell may set PYTHONDONTWRITEBYTECODE: ~60 ms more per start)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(extra)
+    return env
+
+
+def _timed(cmd: list[str], repeat: int, ok: tuple[int, ...],
+           env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
     """Best wall time of ``repeat`` runs, and each run's CPU time (user+sys of the child): on a
     shared host the CPU time is the steadier of the two."""
     walls: list[float] = []
@@ -157,7 +167,7 @@ def _timed(cmd: list[str], repeat: int, ok: tuple[int, ...]) -> tuple[dict[str, 
     for _ in range(repeat):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env or _env())
         walls.append(time.perf_counter() - t)
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
@@ -193,7 +203,10 @@ def run(blocks: int = 10, repeat: int = 3, with_msprobe: bool = False, venv: Pat
                              files_per_side=len(list((tmpd / "bench").rglob("*.pt"))))
         ours_cmd = [sys.executable, "-m", "precision_agent", "compare",
                     str(tmpd / "bench" / "step0"), str(tmpd / "target" / "step0"), "--json"]
+        _timed(ours_cmd, 1, ok=(1,))   # untimed: bytecode caches and the page cache, as msprobe's run gets
         ours, out = _timed(ours_cmd, repeat, ok=(1,))
+        ours_np, _ = _timed(ours_cmd, repeat, ok=(1,), env=_env(PRECISION_AGENT_KERNELS="numpy"))
+        res["ours_numpy_kernels"] = ours_np
         doc = json.loads(out)
         res["ours"] = {**ours, "pairs": doc["pairs"], "first_diverging_op": (doc["first_diverging_op"] or {}).get("op"),
                        "mb_per_s": 2 * on_disk / common.MB / ours["best_s"]}
@@ -205,6 +218,7 @@ def run(blocks: int = 10, repeat: int = 3, with_msprobe: bool = False, venv: Pat
             outdir = tmpd / "msprobe_out"
             cmd = [str(exe), "compare", "-tp", str(tmpd / "target" / "step0"), "-gp",
                    str(tmpd / "bench" / "step0"), "-o", str(outdir)]
+            _timed(cmd, 1, ok=(0,))   # untimed warm-up, as ours
             ms, _ = _timed(cmd, repeat, ok=(0,))
             csvs = sorted(outdir.glob("compare_result_*.csv"))
             rows, errors = _msprobe_rows(csvs[-1]) if csvs else (0, 0)
@@ -234,6 +248,9 @@ def report(res: dict[str, Any]) -> str:
              f"({o['mb_per_s']:.0f} MB/s), "
              f"{o['pairs']} pairs, first diverging op {o['first_diverging_op']} "
              f"({'the planted one' if o['names_drift_op'] else 'NOT the planted one'})"]
+    if "ours_numpy_kernels" in res:
+        n = res["ours_numpy_kernels"]
+        lines.append(f"  ours with PRECISION_AGENT_KERNELS=numpy: {n['best_s']:.2f} s wall, {n['best_cpu_s']:.2f} s CPU")
     m = res.get("msprobe")
     if m is None:
         lines.append("  msprobe compare: not run (--with-msprobe installs it into a throw-away venv)")
