@@ -339,11 +339,16 @@ class LogTailer:
         if last < 0:
             self._hold(data)
             return None
-        if not self._buf and not self._discarding and last < self._max:
-            # the common case: no held head, and no line in the chunk can be over-long
-            block = self._emit(data[: last + 1], data.count(b"\n", 0, last) + 1, base + last + 1, 0)
-            self._hold(data[last + 1 :])
-            return block
+        if not self._discarding:
+            # the common case: no line can be over-long (the held head plus the chunk's first line
+            # fits, and every later line is shorter than the stretch between the first and last
+            # newline), so the lines go out as read, without a split and join
+            first = data.find(b"\n")
+            if len(self._buf) + first <= self._max and last - first <= self._max:
+                raw = bytes(self._buf) + data[: last + 1] if self._buf else data[: last + 1]
+                block = self._emit(raw, data.count(b"\n", 0, last) + 1, base + last + 1, 0)
+                self._hold(data[last + 1 :])
+                return block
         parts = data[:last].split(b"\n")
         cut_first = self._discarding or len(self._buf) + len(parts[0]) > self._max
         if self._buf:

@@ -104,22 +104,24 @@ def _shaped(lr: str | None, loss: str | None, scale: str | None, gnorm: str | No
 
 # A layout regex starts at the newline before its line (the block is searched with a newline put
 # in front): blanks, then ``[stamp] `` (minute and seconds apart: minutes are cached) or nothing,
-# then the head as ``_ITER_RE`` reads it. The blanks are bounded as ``parse`` bounds them: a stamp
-# counts only when ``iteration`` is within 120 characters of the line start. The empty group marks
-# where the record starts.
-_LAYOUT_HEAD = (r"\n(?:[ \t]{0,97}+\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d):(\d\d)\] |[ \t]++)()iteration"
-                r"[ \t]++(\d++)[ \t]*+/[ \t]*+\d++[ \t]*+\|")
+# then the head and the fields as ``_ITER_RE`` reads them, but with the spaces Megatron prints where
+# ``_ITER_RE`` takes any blanks (fewer steps for the regex engine; other spacing goes the general
+# way). The blanks in front are bounded as ``_general`` bounds them: a stamp counts only when
+# ``iteration`` is within 120 characters of the line start. The empty group marks where the record
+# starts.
+_LAYOUT_HEAD = r"\n(?:[ \t]{0,97}+\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d):(\d\d)\] |[ \t]++)()iteration +(\d++)/ *+\d++ \|"
 _ABSENT = r"(?:()(?!))?"  # a group that never takes part: a field the layout lacks reads as None
 _NAMES = frozenset(_KNOWN + _OTHERS)
-_LAYOUTS: dict[tuple[str, ...], tuple[re.Pattern[str], int] | None] = {}
+_UNSET = object()
+_LAYOUTS: dict[tuple[str, ...], re.Pattern[str] | None] = {}
 _LAYOUTS_MAX = 256
 
 
-def _layout_re(names: tuple[str, ...]) -> tuple[re.Pattern[str], int] | None:
-    """The regex for iteration lines with exactly these segment names, and how many times
-    ``iteration`` occurs in the fixed text of such a line; None for a layout ``_SHAPE`` would not
-    take (an unknown name, a known one repeated or out of order). Groups: minute, seconds, start
-    marker, step, then the six ``_KNOWN`` fields in their order whether present or not."""
+def _layout_re(names: tuple[str, ...]) -> re.Pattern[str] | None:
+    """The regex for iteration lines with exactly these segment names; None for a layout
+    ``_SHAPE`` would not take (an unknown name, a known one repeated or out of order). Groups:
+    minute, seconds, start marker, step, then the six ``_KNOWN`` fields in their order whether
+    present or not (the two counters only when not blanks and zeros)."""
     got = _LAYOUTS.get(names)
     if got is not None or names in _LAYOUTS:
         return got
@@ -133,20 +135,21 @@ def _layout_re(names: tuple[str, ...]) -> tuple[re.Pattern[str], int] | None:
                 break
             pieces.extend([_ABSENT] * (i - k))
             k = i + 1
-            pieces.append(f"[ \\t]*+{re.escape(n)}:([^|:\\n]*+)\\|")
+            counter = n.startswith("number of")  # a counter of blanks and zeros reads as absent
+            pieces.append(f" {re.escape(n)}:" + ("(?:[ 0]*+\\||([^|:\\n]*+)\\|)" if counter else "([^|:\\n]*+)\\|"))
         else:
-            pieces.append(f"[ \\t]*+{re.escape(n)}:[^|:\\n]*+\\|")
+            pieces.append(f" {re.escape(n)}:[^|:\\n]*+\\|")
     else:
         pieces.extend([_ABSENT] * (len(_KNOWN) - k))
         pieces.append(r"[^|:\n]*+(?![^\n])")
-        got = (re.compile("".join(pieces)), 1 + sum(n.count("iteration") for n in names))
+        got = re.compile("".join(pieces))
     if len(_LAYOUTS) >= _LAYOUTS_MAX:
         _LAYOUTS.clear()
     _LAYOUTS[names] = got
     return got
 
 
-def _first_layout(text: str) -> tuple[re.Pattern[str], int] | None:
+def _first_layout(text: str) -> re.Pattern[str] | None:
     """The layout regex for the first line of the usual shape in ``text`` (among its first few
     iteration matches), if any."""
     for _, m in zip(range(4), _ITER_RE.finditer(text)):
@@ -166,32 +169,26 @@ class MegatronParser(Parser):
         return self.parse_spans(block)[0]
 
     def parse_spans(self, block: Block) -> tuple[list[Record], list[tuple[int, int]] | None]:
-        """Lines of the block's usual layout by its layout regex; then, unless every
-        ``iteration`` of the block was inside those lines, the general regex over the text
-        between them (no general match can reach into such a line: after its leading blanks
-        comes ``[`` or ``iteration``, never the digits, ``/`` or ``|`` of a head that ran over a
-        line end); then validation lines."""
+        """Lines of the block's usual layout by its layout regex; then the general regex and
+        the validation regex over the text between them, where it holds ``iteration`` (no
+        general or validation match can reach into such a line: after its leading blanks comes
+        ``[`` or ``iteration``, never the digits, ``/`` or ``|`` of a head that ran over a line
+        end, and its fields cannot hold ``lm loss value:``)."""
         text = block.text
         out: list[Record] = []
         spans: list[tuple[int, int]] = []
         extra: list[Record] = []
         layout = _first_layout(text)
         if layout is None:
-            self._general(block, 0, len(text), extra)
-        elif self._layout(block, layout[0], out, spans) * layout[1] != text.count("iteration"):
+            self._others(block, 0, len(text), extra)
+        else:
+            self._layout(block, layout, out, spans)
             gap = 0
             for start, end in spans:
                 if text.find("iteration", gap, start) >= 0:
-                    self._general(block, gap, start, extra)
+                    self._others(block, gap, start, extra)
                 gap = end
-            self._general(block, gap, len(text), extra)
-        if "validation loss" in text:
-            for m in _VALID_RE.finditer(text):
-                if (v := _field(m.group(2), "lm loss value:")) is None:
-                    continue
-                rec = self.record(block, m.start(), int(m.group(1)))
-                rec.add(EVAL_LOSS, v)
-                extra.append(rec)
+            self._others(block, gap, len(text), extra)
         if extra:
             spans = merge_spans(spans + line_spans(text, extra))
             out.extend(extra)
@@ -199,45 +196,68 @@ class MegatronParser(Parser):
         return out, spans
 
     def _layout(self, block: Block, regex: re.Pattern[str], out: list[Record],
-                spans: list[tuple[int, int]]) -> int:
+                spans: list[tuple[int, int]]) -> None:
         """Records of the lines ``regex`` (a layout regex) takes, in order, and the spans of
-        their lines (runs of adjacent lines merged); returns how many lines it took."""
-        text, name, new, count, cache = block.text, self.name, object.__new__, block.text.count, _TS_CACHE
+        their lines (runs of adjacent lines merged)."""
+        text, name, new, count, stamps = block.text, self.name, object.__new__, block.text.count, _TS_CACHE
         append = out.append
-        cur, line, run_start, run_end, n = 0, block.first_line, 0, -2, 0
+        line, run_start, run_end = block.first_line, 0, -2
+        last_scale: object = _UNSET  # the loss scale (often the learning rate too) stays for many lines
+        last_lr: object = _UNSET
+        scale_v = lr_v = 0.0
         for m in regex.finditer("\n" + text):
-            n += 1
             minute, sec, _mark, step, lr, loss, scale, gnorm, skipped, nans = m.groups()
-            try:  # the common case: all four present and plain numbers, counters 0
-                values = [(LOSS, float(loss), ()), (LOSS_SCALE, float(scale), ()),  # type: ignore[arg-type]
-                          (GRAD_NORM, float(gnorm), ()), (LEARNING_RATE, float(lr), ())]  # type: ignore[arg-type]
-                if skipped.strip(" 0") or nans.strip(" 0"):  # type: ignore[union-attr]
+            try:  # the common case: all four present and plain numbers, counters 0 (then None)
+                if scale != last_scale:
+                    scale_v, last_scale = float(scale), scale  # type: ignore[arg-type]
+                if lr != last_lr:
+                    lr_v, last_lr = float(lr), lr  # type: ignore[arg-type]
+                values = [(LOSS, float(loss), ()), (LOSS_SCALE, scale_v, ()),  # type: ignore[arg-type]
+                          (GRAD_NORM, float(gnorm), ()), (LEARNING_RATE, lr_v, ())]  # type: ignore[arg-type]
+                if skipped is not None or nans is not None:
                     values = _shaped(lr, loss, scale, gnorm, skipped, nans)
-            except (TypeError, ValueError, AttributeError):
+            except (TypeError, ValueError):
                 if lr is None and loss is None and scale is None:
                     continue  # some other "iteration N/M |" text
                 values = _shaped(lr, loss, scale, gnorm, skipped, nans)
             start = m.start()  # "\n" in front: the line's start in ``text``
-            line += count("\n", cur, start)
-            cur = start
-            rec = new(Record)  # Record(...) costs twice as much: this runs once per line
-            rec.line, rec.pos, rec.values, rec.step = line, m.start(3) - 1, values, int(step)
-            if minute is None:
-                rec.log_time = None
+            if start == run_end + 1:  # the line after the last record's
+                line += 1
             else:
-                base = cache.get(minute)
-                rec.log_time = None if base is None and (base := minute_seconds(minute)) is None \
-                    else base + int(sec)
-            rec.rank, rec.producer = None, name
-            append(rec)
-            if start != run_end + 1:
+                line += count("\n", max(run_end, 0), start)
                 if run_end >= 0:
                     spans.append((run_start, run_end))
                 run_start = start
             run_end = m.end() - 1
+            rec = new(Record)  # Record(...) costs twice as much: this runs once per line
+            rec.line = line
+            rec.pos = m.start(3) - 1
+            rec.values = values
+            rec.step = int(step)
+            if minute is None:
+                rec.log_time = None
+            else:
+                base = stamps.get(minute)
+                rec.log_time = None if base is None and (base := minute_seconds(minute)) is None \
+                    else base + int(sec)
+            rec.rank = None
+            rec.producer = name
+            append(rec)
         if run_end >= 0:
             spans.append((run_start, run_end))
-        return n
+
+    def _others(self, block: Block, start: int, end: int, out: list[Record]) -> None:
+        """Records of the lines between layout lines: iteration lines of any other shape and
+        validation lines."""
+        self._general(block, start, end, out)
+        text = block.text
+        if text.find("validation loss", start, end) >= 0:
+            for m in _VALID_RE.finditer(text, start, end):
+                if (v := _field(m.group(2), "lm loss value:")) is None:
+                    continue
+                rec = self.record(block, m.start(), int(m.group(1)))
+                rec.add(EVAL_LOSS, v)
+                out.append(rec)
 
     def _general(self, block: Block, start: int, end: int, out: list[Record]) -> None:
         """Records of iteration lines in ``text[start:end]`` by the general regex."""
