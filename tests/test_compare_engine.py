@@ -206,6 +206,28 @@ def test_json_is_complete_and_finite(tmp_path):
                for r in doc["rows"] for v in r.get("metrics", {}).values())
 
 
+def test_cli_json_writer_is_json_with_one_row_per_line(tmp_path):
+    """--json goes through json's C encoder one value at a time: the same document as
+    json.dumps, with each row on its own line (grep-able, diff-able)."""
+    import json
+
+    from precision_agent.compare.cli import write_json
+    from precision_agent.model import json_safe
+    _net(tmp_path / "bench")
+    _net(tmp_path / "target", half_fc2=True)
+    doc = json_safe(to_json(compare_paths(tmp_path / "bench", tmp_path / "target")))
+    buf = io.StringIO()
+    write_json(doc, buf)
+    text = buf.getvalue()
+    assert json.loads(text) == json.loads(json.dumps(doc)) and text.endswith("}\n")
+    row_lines = [ln for ln in text.splitlines() if ln.startswith("    {")]
+    assert len(row_lines) == len(doc["rows"]) == 12
+    assert all(json.loads(ln.strip().rstrip(",")) in doc["rows"] for ln in row_lines)
+    empty = io.StringIO()
+    write_json({"rows": [], "unmatched": [], "x": None}, empty)
+    assert json.loads(empty.getvalue()) == {"rows": [], "unmatched": [], "x": None}
+
+
 def test_hostile_tensors_become_rows_not_crashes(tmp_path):
     for side in ("bench", "target"):
         (tmp_path / side).mkdir()
