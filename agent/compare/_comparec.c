@@ -235,12 +235,14 @@ typedef struct {
 
 /* KLD's terms, as G = Σ b·g(w) with w = (a − b)/b and g(w) = (1 + w)·log(1 + w) − w >= 0, so
  * that Σ a·log(a/b) = G + Σa − Σb. Each term is second order in the difference and none cancel,
- * so a short series serves where |w| <= 1/32 (g = w²/2 − w³/6 + w⁴/12 − …, to w⁷: 3e-11
- * relative; bfloat16's rounding alone reaches 1/128); a block with a larger |w| somewhere gets
- * a second loop for those terms, with
- * a·log(a/b) − (a − b) and the full log (cancellation costs at most a factor 64 of 2^-53). */
-#define W0 0.03125
-static inline __attribute__((always_inline)) v8d g_small(v8d w) {
+ * so a short series serves where |w| is small: to w⁵ for |w| <= 1/128 (2.5e-10 relative), to
+ * w⁷ for |w| <= 1/32 (3e-11) where a side is bfloat16, whose rounding alone reaches 1/128. A
+ * block with a larger |w| somewhere gets a second loop for those terms, a·log(a/b) − (a − b)
+ * with the full log (cancellation costs at most a factor 64 of 2^-53). */
+#define W_BF16 0.03125
+#define W_OTHER 0.0078125
+static inline __attribute__((always_inline)) v8d g_small(v8d w, int wide) {
+    if (!wide) return (w * w) * (0.5 + w * (-1.0 / 6 + w * (1.0 / 12 + w * (-1.0 / 20))));
     v8d c = 1.0 / 12 + w * (-1.0 / 20 + w * (1.0 / 30 + w * (-1.0 / 42)));
     return (w * w) * (0.5 + w * (-1.0 / 6 + w * c));
 }
@@ -248,7 +250,7 @@ static inline __attribute__((always_inline)) v8d g_small(v8d w) {
 /* Eight element pairs (lanes where `valid` is set: the tail) into the lanes (metrics.py has the
  * definitions); comparisons give -1 per true lane, so counts subtract them. */
 static inline __attribute__((always_inline)) void
-step(Lanes *a, v8d x, v8d y, v8l valid, int kld, const KldP *kp) {
+step(Lanes *a, v8d x, v8d y, v8l valid, int kld, int wide, const KldP *kp) {
     a->sx += x; a->sy += y;
     a->sxx += x * x; a->syy += y * y; a->sxy += x * y;
     a->ne -= (x != y) & valid;
@@ -274,20 +276,20 @@ step(Lanes *a, v8d x, v8d y, v8l valid, int kld, const KldP *kp) {
         q = sel(valid, q, splat(1.0));          /* the padding's terms: 0 */
         p = sel(valid, p, splat(1.0));
         v8d w = (p - q) / q;                    /* p − q exact where |w| <= 1/32 (Sterbenz) */
-        v8l far = vabs(w) > W0;                 /* their terms: a second loop, far_terms */
+        v8l far = vabs(w) > (wide ? W_BF16 : W_OTHER);   /* their terms: far_terms' loop */
         a->far |= far;
         a->sa += (v8d)((v8l)p & valid);
         a->sb += (v8d)((v8l)q & valid);
-        a->g += (v8d)((v8l)(q * g_small(w)) & valid & ~far);
+        a->g += (v8d)((v8l)(q * g_small(w, wide)) & valid & ~far);
     }
 }
 
 static inline __attribute__((always_inline)) void
-far_terms(Lanes *a, v8d x, v8d y, v8l valid, const KldP *kp) {
+far_terms(Lanes *a, v8d x, v8d y, v8l valid, int wide, const KldP *kp) {
     v8d p = (x - kp->shx) * kp->scx, q = (y - kp->shy) * kp->scy;
     p = sel(valid, sel(p < EPS32, splat(EPS32), p), splat(1.0));
     q = sel(valid, sel(q < EPS32, splat(EPS32), q), splat(1.0));
-    v8l far = (vabs((p - q) / q) > W0) & valid;
+    v8l far = (vabs((p - q) / q) > (wide ? W_BF16 : W_OTHER)) & valid;
     a->g += (v8d)((v8l)(p * log_ratio(p, q) - (p - q)) & far);
 }
 
@@ -296,15 +298,16 @@ block_body(const void *px, const void *py, Py_ssize_t n, int kx, int ky, int kld
     Lanes a;
     memset(&a, 0, sizeof a);
     const v8l iota = {0, 1, 2, 3, 4, 5, 6, 7}, all = iota >= 0;
+    const int wide = kx == K_BF16 || ky == K_BF16;
     Py_ssize_t i = 0;
     for (; i + 8 <= n; i += 8)
-        step(&a, vload(px, i, kx), vload(py, i, ky), all, kld, kp);
+        step(&a, vload(px, i, kx), vload(py, i, ky), all, kld, wide, kp);
     if (i < n) {                                /* the tail, zero-padded to eight */
         unsigned char bx[32] = {0}, by[32] = {0};
         size_t isx = (size_t)item_size(kx), isy = (size_t)item_size(ky);
         memcpy(bx, (const char *)px + i * isx, (size_t)(n - i) * isx);
         memcpy(by, (const char *)py + i * isy, (size_t)(n - i) * isy);
-        step(&a, vload(bx, 0, kx), vload(by, 0, ky), iota < (n - i), kld, kp);
+        step(&a, vload(bx, 0, kx), vload(by, 0, ky), iota < (n - i), kld, wide, kp);
     }
     memset(o, 0, sizeof *o);
     long long far = 0;
@@ -315,7 +318,7 @@ block_body(const void *px, const void *py, Py_ssize_t n, int kx, int ky, int kld
             Py_ssize_t m = n - i < 8 ? n - i : 8;
             memcpy(bx, (const char *)px + i * item_size(kx), (size_t)m * item_size(kx));
             memcpy(by, (const char *)py + i * item_size(ky), (size_t)m * item_size(ky));
-            far_terms(&a, vload(bx, 0, kx), vload(by, 0, ky), iota < m, kp);
+            far_terms(&a, vload(bx, 0, kx), vload(by, 0, ky), iota < m, wide, kp);
         }
     }
     for (int j = 0; j < 8; j++) {               /* a fixed order: the same result on every CPU */
