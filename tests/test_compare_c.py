@@ -94,6 +94,28 @@ def test_ratio_thresholds_exactly_at_the_boundary(cmod):
     assert b.metrics["FiveThousandthsErrRatio"] == 5 / 8  # 1005, 201, 199: exactly 5/1000
 
 
+@pytest.mark.parametrize("noise", [1e-2, 1e-3, 1e-4, 1e-5])
+def test_kld_of_close_tensors_against_an_extended_precision_reference(cmod, noise):
+    """KLD of close tensors is second order in their difference while its terms are first
+    order: the kernel sums second-order terms b·g(w), so it stays accurate where KLD is tiny
+    (the numpy path's T/Sa + log(Sb/Sa) loses ~1e-16/KLD of it)."""
+    if np.finfo(np.longdouble).eps >= 1e-18:
+        pytest.skip("long double is no wider than double here")
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(50_000).astype(np.float32)
+    y = x + (rng.standard_normal(50_000) * noise).astype(np.float32)
+
+    def dist(v):
+        v = v.astype(np.longdouble)
+        p = np.maximum((v - v.min()) / (v.max() - v.min()), np.longdouble(2.0 ** -23))
+        return p / p.sum()
+    p, q = dist(x), dist(y)
+    want = float(np.sum(p * np.log(p / q)))
+    with kernels.forced("c"):
+        got = compare_arrays(x, y, block_elems=4096).metrics["KullbackLeiblerDivergence"]
+    assert got == pytest.approx(want, rel=1e-6)
+
+
 def test_nan_inf_blocks_mix_with_kernel_blocks(cmod):
     x, y = _pair(9_000, 3)
     x[[10, 5000]] = y[[10, 5000]] = np.nan
