@@ -48,8 +48,9 @@ class SourcePos:
     offset: int = -1   # byte offset of the line start, -1 if unknown
 
 
-class _SourcePosDraft:
-    """``SourcePos``'s slots without its frozen ``__setattr__``: see ``source_pos``."""
+class SourcePosDraft:
+    """``SourcePos``'s slots without its frozen ``__setattr__``: see ``source_pos`` (which the
+    reader's per-record loop does inline)."""
 
     __slots__ = ("path", "line", "offset")
 
@@ -59,7 +60,7 @@ def source_pos(path: str, line: int, offset: int = -1) -> SourcePos:
     loop: a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``.
     The fields are set on a draft with the same slot layout, which then becomes a
     ``SourcePos`` (same type, equality, hash and immutability as one built the usual way)."""
-    p = _SourcePosDraft()
+    p = SourcePosDraft()
     p.path, p.line, p.offset = path, line, offset
     p.__class__ = SourcePos  # type: ignore[assignment]
     return p  # type: ignore[return-value]

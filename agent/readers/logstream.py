@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
-from ..model import Labels, Sample, make_labels, source_pos
+from ..model import Labels, Sample, SourcePos, SourcePosDraft, make_labels
 from ..series import far_apart
 from .parsers import Block, CompositeParser
 from .parsers.base import strip_ansi
@@ -130,11 +130,12 @@ class LogStream:
         ranks are not compared; an identical record after a different one of the same producer
         is a genuine repeat, not a copy. (Not asked for producers that never print copies: see
         ``Parser.copies``.) This loop runs once per record, hence everything inline: samples are
-        built without their ``__init__`` (every field set here), the position by ``source_pos``."""
+        built without their ``__init__`` (every field set here), the position as ``source_pos`` builds it."""
         out: list[Sample] = []
         append = out.append
         t = _time.time() if now is None else now
         path, no_copies, labels_of, last, new = self.path, self._no_copies, self._labels_cache, self._last, object.__new__
+        draft = SourcePosDraft
         stats = self.stats
         for tb in blocks:
             if tb.generation != self._generation:  # rotation/truncation: line numbers restart
@@ -163,7 +164,11 @@ class LogStream:
                 labels = labels_of.get(rec.rank)
                 if labels is None:
                     labels = self._labels(rec.rank)
-                src = source_pos(path, line)
+                src = draft()  # model.source_pos, inline
+                src.path = path
+                src.line = line
+                src.offset = -1
+                src.__class__ = SourcePos
                 step = rec.step
                 for metric, value, attrs in rec.values:
                     smp = new(Sample)

@@ -105,25 +105,18 @@ def _shaped(lr: str | None, loss: str | None, scale: str | None, gnorm: str | No
 # A layout regex starts at the newline before its line (the block is searched with a newline put
 # in front): blanks, then ``[stamp] `` (minute and seconds apart: minutes are cached) or nothing,
 # then the head and the fields as ``_ITER_RE`` reads them, but with the spaces Megatron prints where
-# ``_ITER_RE`` takes any blanks (fewer steps for the regex engine; other spacing goes the general
-# way). The blanks in front are bounded as ``_general`` bounds them: a stamp counts only when
+# ``_ITER_RE`` takes any blanks, and ASCII digits where it takes any ``\d`` (fewer steps for the
+# regex engine; other lines go the general way). The blanks in front are bounded as ``_general`` bounds them: a stamp counts only when
 # ``iteration`` is within 120 characters of the line start. The empty group marks where the record
 # starts.
-_LAYOUT_HEAD = r"\n(?:[ \t]{0,97}+\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d):(\d\d)\] |[ \t]++)()iteration +(\d++)/ *+\d++ \|"
+_LAYOUT_HEAD = (r"\n(?:[ \t]{0,97}+\[([0-9]{4}-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]):([0-9][0-9])\] "
+                r"|[ \t]++)()iteration +([0-9]++)/ *+[0-9]++ \|")
 _ABSENT = r"(?:()(?!))?"  # a group that never takes part: a field the layout lacks reads as None
 _NAMES = frozenset(_KNOWN + _OTHERS)
 _UNSET = object()
 
 
-class _Seconds(dict[str, int]):
-    """``int()`` of the two digits of a stamp's seconds, looked up (a table of "00".."99": far
-    cheaper than ``int()``; other digits ``\\d`` takes are converted)."""
-
-    def __missing__(self, text: str) -> int:
-        return int(text)
-
-
-_SECONDS = _Seconds((f"{i:02d}", i) for i in range(100))
+_SECONDS = {f"{i:02d}": i for i in range(100)}  # a stamp's seconds: a lookup is far cheaper than int()
 _LAYOUTS: dict[tuple[str, ...], re.Pattern[str] | None] = {}
 _LAYOUTS_MAX = 256
 
@@ -216,6 +209,8 @@ class MegatronParser(Parser):
         last_scale: object = _UNSET  # the loss scale (often the learning rate too) stays for many lines
         last_lr: object = _UNSET
         scale_v = lr_v = 0.0
+        last_minute: str | None = None
+        base: float | None = None
         for m in regex.finditer("\n" + text):
             minute, sec, _mark, step, lr, loss, scale, gnorm, skipped, nans = m.groups()
             try:  # the common case: all four present and plain numbers, counters 0 (then None)
@@ -231,7 +226,7 @@ class MegatronParser(Parser):
                 if lr is None and loss is None and scale is None:
                     continue  # some other "iteration N/M |" text
                 values = _shaped(lr, loss, scale, gnorm, skipped, nans)
-            start = m.start()  # "\n" in front: the line's start in ``text``
+            start, end = m.span()  # "\n" in front: the line's start and end in ``text``
             if start == run_end + 1:  # the line after the last record's
                 line += 1
             else:
@@ -239,7 +234,7 @@ class MegatronParser(Parser):
                 if run_end >= 0:
                     spans.append((run_start, run_end))
                 run_start = start
-            run_end = m.end() - 1
+            run_end = end - 1
             rec = new(Record)  # Record(...) costs twice as much: this runs once per line
             rec.line = line
             rec.pos = m.start(3) - 1
@@ -248,9 +243,11 @@ class MegatronParser(Parser):
             if minute is None:
                 rec.log_time = None
             else:
-                base = stamps.get(minute)
-                rec.log_time = None if base is None and (base := minute_seconds(minute)) is None \
-                    else base + _SECONDS[sec]
+                if minute != last_minute:  # consecutive lines mostly share their minute
+                    last_minute, base = minute, stamps.get(minute)
+                    if base is None:
+                        base = minute_seconds(minute)
+                rec.log_time = None if base is None else base + _SECONDS[sec]
             rec.rank = None
             rec.producer = name
             append(rec)
