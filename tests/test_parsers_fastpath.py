@@ -200,6 +200,7 @@ def test_many_layout_lines_with_others_between():
     iters = [r for r in recs if not _is_eval(r)]
     assert same(iters, reference(text, 3)) and len(iters) == 60 + 9
     assert [r.pos for r in recs] == sorted(r.pos for r in recs)
+    assert all(r.end in (-1, text.find("\n", r.pos)) for r in recs) and sum(r.end >= 0 for r in recs) >= 60
     claimed = {text.rfind("\n", 0, r.pos) + 1 for r in recs}
     covered = {i for s, e in spans for i in range(s, e + 1) if i == 0 or text[i - 1] == "\n"}
     assert covered == claimed  # every claimed line start, and nothing else, is inside a span

@@ -152,8 +152,9 @@ class LogStream:
             for rec in records:
                 producer, line, log_time = rec.producer, rec.line, rec.log_time
                 if producer not in no_copies:
-                    pos = rec.pos
-                    end = text.find("\n", pos)
+                    pos, end = rec.pos, rec.end
+                    if end < 0:
+                        end = text.find("\n", pos)
                     key = (text[pos:end] if end >= 0 else text[pos:]).rstrip()
                     prev = last.get(producer)
                     last[producer] = (key, line, log_time)

@@ -165,6 +165,9 @@ class Record:
     log_time: float | None = None
     rank: str | None = None
     producer: str = ""
+    # where the record's line ends in the block (its newline or the text's end), when the parser
+    # knows it for free; -1: the reader looks for it (not part of what the record says)
+    end: int = field(default=-1, compare=False, repr=False)
 
     def add(self, metric: str, value: float, **attrs: Any) -> None:
         self.values.append((metric, value, tuple(attrs.items()) if attrs else ()))

@@ -250,6 +250,7 @@ class MegatronParser(Parser):
                 rec.log_time = None if base is None else base + _SECONDS[sec]
             rec.rank = None
             rec.producer = name
+            rec.end = run_end
             append(rec)
         if run_end >= 0:
             spans.append((run_start, run_end))
