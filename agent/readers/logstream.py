@@ -149,6 +149,7 @@ class LogStream:
             records = self.parser.parse(block)
             stats.records += len(records)
             text = block.text
+            held, prev = None, None  # the producer whose last record is in ``prev`` (not in ``last``)
             for rec in records:
                 producer, line, log_time = rec.producer, rec.line, rec.log_time
                 if producer not in no_copies:
@@ -156,12 +157,16 @@ class LogStream:
                     if end < 0:
                         end = text.find("\n", pos)
                     key = (text[pos:end] if end >= 0 else text[pos:]).rstrip()
-                    prev = last.get(producer)
-                    last[producer] = (key, line, log_time)
+                    if producer is not held:  # records of one producer mostly follow each other
+                        if held is not None:
+                            last[held] = prev
+                        held, prev = producer, last.get(producer)
                     if prev is not None and prev[0] == key and 0 <= line - prev[1] <= DUP_RECORDS \
                             and not far_apart(prev[2], log_time):
+                        prev = (key, line, log_time)
                         stats.duplicates += 1
                         continue
+                    prev = (key, line, log_time)
                 labels = labels_of.get(rec.rank)
                 if labels is None:
                     labels = self._labels(rec.rank)
@@ -183,6 +188,8 @@ class LogStream:
                     smp.attrs = attrs
                     smp.producer = producer
                     append(smp)
+            if held is not None:
+                last[held] = prev
         return out
 
 
