@@ -16,9 +16,13 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if !defined(__GNUC__)
+#error "_comparec needs GCC or clang vector extensions (the build is optional: numpy runs instead)"
+#endif
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 /* x86-64-v3 (AVX2, FMA, BMI) and v4 (AVX-512 F/BW/DQ/VL: BW gives 16-bit lanes, DQ 64-bit
- * integer converts). ISO C (-std=c11) leaves fp-contract off, so no clone
+ * integer converts), picked at load time. ISO C (-std=c11) leaves fp-contract off, so no clone
  * fuses a multiply-add the others round twice: every clone gives the same bits. */
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -36,8 +40,6 @@ static const double R1 = 0.001, R5 = 0.005;            /* msprobe's error-ratio 
 /* -- words to float32 values ------------------------------------------------------------------ */
 static inline float f_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t u_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline double d_bits(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
-static inline uint64_t q_bits(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
 
 /* IEEE half to float: the exponent/mantissa bits moved into a float's field and rebiased by a
  * multiply with 2^112 (exact, and right for subnormals too); Inf/NaN words map to Inf/NaN. */
@@ -85,6 +87,21 @@ static Py_ssize_t get_words(PyObject *obj, int kind, Py_buffer *view) {
     return view->len / sz;
 }
 
+/* Two blocks of the same non-zero length; returns it, or -1 (ValueError set, nothing held). */
+static Py_ssize_t get_pair(PyObject *ox, PyObject *oy, int kx, int ky, Py_buffer *vx, Py_buffer *vy) {
+    Py_ssize_t n = get_words(ox, kx, vx);
+    if (n < 0) return -1;
+    Py_ssize_t ny = get_words(oy, ky, vy);
+    if (ny < 0) { PyBuffer_Release(vx); return -1; }
+    if (n != ny || n == 0) {
+        PyBuffer_Release(vx);
+        PyBuffer_Release(vy);
+        PyErr_SetString(PyExc_ValueError, "blocks of different or zero length");
+        return -1;
+    }
+    return n;
+}
+
 /* -- the range pre-pass ----------------------------------------------------------------------------
  * Min and max of the float32 values through order-preserving integer keys of the words (flip the
  * magnitude bits of negatives); a key beyond ±Inf's means NaN/Inf in the block, which then gets
@@ -96,7 +113,8 @@ typedef int v16i __attribute__((vector_size(64)));
 typedef short v16s __attribute__((vector_size(32)));
 
 /* Lane-wise min/max of the keys of n words of type T, VT holding sizeof(VT)/sizeof(T) of them;
- * KEYV flips a vector of words into keys (arithmetic shifts: the sign spreads). */
+ * the keys flip the magnitude bits of negative words (arithmetic shifts spread the sign); KEY1
+ * does one word of the tail. */
 #define RANGE_LOOP(T, VT, SHIFT, MASK, KEY1)                                                  \
     {                                                                                         \
         const T *w = p;                                                                       \
@@ -369,16 +387,8 @@ static PyObject *py_block(PyObject *self, PyObject *args) {
         kld = clamps ? 1 : 2;
     }
     Py_buffer vx, vy;
-    Py_ssize_t n = get_words(ox, kx, &vx);
+    Py_ssize_t n = get_pair(ox, oy, kx, ky, &vx, &vy);
     if (n < 0) return NULL;
-    Py_ssize_t ny = get_words(oy, ky, &vy);
-    if (ny < 0) { PyBuffer_Release(&vx); return NULL; }
-    if (n != ny || n == 0) {
-        PyBuffer_Release(&vx);
-        PyBuffer_Release(&vy);
-        PyErr_SetString(PyExc_ValueError, "blocks of different or zero length");
-        return NULL;
-    }
     Sums s;
     Py_ssize_t fd = -1, mi = -1;
     int finite;
@@ -429,16 +439,8 @@ static PyObject *py_same(PyObject *self, PyObject *args) {
     int kind;
     if (!PyArg_ParseTuple(args, "OOi", &ox, &oy, &kind)) return NULL;
     Py_buffer vx, vy;
-    Py_ssize_t n = get_words(ox, kind, &vx);
+    Py_ssize_t n = get_pair(ox, oy, kind, kind, &vx, &vy);
     if (n < 0) return NULL;
-    Py_ssize_t ny = get_words(oy, kind, &vy);
-    if (ny < 0) { PyBuffer_Release(&vx); return NULL; }
-    if (n != ny) {
-        PyBuffer_Release(&vx);
-        PyBuffer_Release(&vy);
-        PyErr_SetString(PyExc_ValueError, "blocks of different length");
-        return NULL;
-    }
     double s = 0.0, q = 0.0;
     int eq;
     Py_BEGIN_ALLOW_THREADS
