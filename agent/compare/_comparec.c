@@ -473,7 +473,8 @@ static PyMethodDef METHODS[] = {
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_comparec",
-                                    "One-pass block kernels of the dump comparison.", -1, METHODS};
+                                    "One-pass block kernels of the dump comparison.", -1, METHODS,
+                                    NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__comparec(void) {
     return PyModule_Create(&MODULE);
