@@ -103,14 +103,15 @@ def _shaped(lr: str | None, loss: str | None, scale: str | None, gnorm: str | No
 
 
 # A layout regex starts at the newline before its line (the block is searched with a newline put
-# in front): blanks, then ``[stamp] `` (minute and seconds apart: minutes are cached) or nothing,
-# then the head and the fields as ``_ITER_RE`` reads them, but with the spaces Megatron prints where
-# ``_ITER_RE`` takes any blanks, and ASCII digits where it takes any ``\d`` (fewer steps for the
-# regex engine; other lines go the general way). The blanks in front are bounded as ``_general`` bounds them: a stamp counts only when
-# ``iteration`` is within 120 characters of the line start. The empty group marks where the record
-# starts.
-_LAYOUT_HEAD = (r"\n(?:[ \t]{0,97}+\[([0-9]{4}-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]):([0-9][0-9])\] "
-                r"|[ \t]++)()iteration +([0-9]++)/ *+[0-9]++ \|")
+# in front): the one space Megatron prints, then ``[stamp] `` (minute and seconds apart: minutes
+# are cached) or nothing, then the head and the fields as ``_ITER_RE`` reads them, but with the
+# spaces Megatron prints where ``_ITER_RE`` takes any blanks, and ASCII digits where it takes any
+# ``\d`` (fewer steps for the regex engine, and ``iteration`` at a known place; other lines go the
+# general way). Such a stamp counts, as ``_general`` counts it: only blanks before it, and
+# ``iteration`` within 120 characters of the line start.
+_LAYOUT_HEAD = (r"\n (?:\[([0-9]{4}-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]):([0-9][0-9])\] )?"
+                r"iteration +([0-9]++)/ *+[0-9]++ \|")
+_STAMPED_AT = len(" [YYYY-MM-DD HH:MM:SS] ")  # where ``iteration`` starts on a layout line with a stamp
 _ABSENT = r"(?:()(?!))?"  # a group that never takes part: a field the layout lacks reads as None
 _NAMES = frozenset(_KNOWN + _OTHERS)
 _UNSET = object()
@@ -124,8 +125,8 @@ _LAYOUTS_MAX = 256
 def _layout_re(names: tuple[str, ...]) -> re.Pattern[str] | None:
     """The regex for iteration lines with exactly these segment names; None for a layout
     ``_SHAPE`` would not take (an unknown name, a known one repeated or out of order). Groups:
-    minute, seconds, start marker, step, then the six ``_KNOWN`` fields in their order whether
-    present or not (the two counters only when not blanks and zeros)."""
+    minute, seconds, step, then the six ``_KNOWN`` fields in their order whether present or not
+    (the two counters only when not blanks and zeros)."""
     got = _LAYOUTS.get(names)
     if got is not None or names in _LAYOUTS:
         return got
@@ -208,18 +209,17 @@ class MegatronParser(Parser):
         line, run_start, run_end = block.first_line, 0, -2
         last_scale: object = _UNSET  # the loss scale (often the learning rate too) stays for many lines
         last_lr: object = _UNSET
-        scale_v = lr_v = 0.0
+        scale_t = lr_t = (LOSS_SCALE, 0.0, ())  # the values of last_scale and last_lr
         last_minute: str | None = None
         base: float | None = None
         for m in regex.finditer("\n" + text):
-            minute, sec, _mark, step, lr, loss, scale, gnorm, skipped, nans = m.groups()
+            minute, sec, step, lr, loss, scale, gnorm, skipped, nans = m.groups()
             try:  # the common case: all four present and plain numbers, counters 0 (then None)
                 if scale != last_scale:
-                    scale_v, last_scale = float(scale), scale  # type: ignore[arg-type]
+                    scale_t, last_scale = (LOSS_SCALE, float(scale), ()), scale  # type: ignore[arg-type]
                 if lr != last_lr:
-                    lr_v, last_lr = float(lr), lr  # type: ignore[arg-type]
-                values = [(LOSS, float(loss), ()), (LOSS_SCALE, scale_v, ()),  # type: ignore[arg-type]
-                          (GRAD_NORM, float(gnorm), ()), (LEARNING_RATE, lr_v, ())]  # type: ignore[arg-type]
+                    lr_t, last_lr = (LEARNING_RATE, float(lr), ()), lr  # type: ignore[arg-type]
+                values = [(LOSS, float(loss), ()), scale_t, (GRAD_NORM, float(gnorm), ()), lr_t]  # type: ignore[arg-type]
                 if skipped is not None or nans is not None:
                     values = _shaped(lr, loss, scale, gnorm, skipped, nans)
             except (TypeError, ValueError):
@@ -237,7 +237,7 @@ class MegatronParser(Parser):
             run_end = end - 1
             rec = new(Record)  # Record(...) costs twice as much: this runs once per line
             rec.line = line
-            rec.pos = m.start(3) - 1
+            rec.pos = start + 1 if minute is None else start + _STAMPED_AT
             rec.values = values
             rec.step = int(step)
             if minute is None:
