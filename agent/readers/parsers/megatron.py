@@ -7,11 +7,11 @@ NaN; the validation line's ``lm loss value`` is not a training loss.
 Speed: catching up on a backlog means millions of these lines, so a line of the usual shape is
 read by one C-level regex match (its fields come out as groups); any other shape takes the
 general per-field path, which reads the same values (see ``_SHAPE`` for why they agree). Faster
-still, a block's lines of one layout (the same field names in the same order, the line holding
-nothing but blanks and an optional stamp before ``iteration``) are read by a regex made for that
-layout (``_layout_re``): literal names instead of alternatives, no look-behind at every
-``iteration`` of a line. It is a special case of ``_SHAPE``, so it reads what the general regex
-would; lines it does not take are left to the general regex (see ``MegatronParser.parse_spans``).
+still, a block's lines of one layout (the same field names in the same order, as Megatron prints
+them: one space, an optional stamp, then ``iteration``) are read by a regex made for that layout
+(``_layout_re``): literal names instead of alternatives, no look-behind at every ``iteration`` of
+a line. It is a special case of ``_SHAPE``, so it reads what the general regex would; lines it
+does not take are left to the general regex (see ``MegatronParser.parse_spans``).
 """
 
 from __future__ import annotations
