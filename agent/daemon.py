@@ -21,7 +21,7 @@ from typing import Any, Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from . import __version__, kernels
+from . import __version__
 from .alerts import Transition
 from .config import Config, ConfigError, Watch, split_listen
 from .health import Health
@@ -37,6 +37,7 @@ from .sources.queue import ChangeQueue
 from .sources.watcher import TreeWatcher, walk, watch_for
 from .dumpflow import DumpFlow
 from .state import StateError, StateStore
+from .exporters.api import alerts_json, status_json
 from .exporters.http import HttpExporter
 from .exporters.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from .exporters.dumps import DumpBook, DumpCollector
@@ -76,7 +77,8 @@ class Agent:
         self.registry.register(DumpCollector(self.dump_book))
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
         host, port = split_listen(config.listen)
-        self.http = HttpExporter(host, port, self.registry, self.alerts_json, self.status_json,
+        self.http = HttpExporter(host, port, self.registry, lambda: alerts_json(self.pipeline),
+                                 lambda: status_json(self),
                                  lambda: bool(self.health.gauges["ready"]),
                                  {"/api/v1/compare": self.dump_book.results})
         self.alertmanager: AlertmanagerPusher | None = None
@@ -417,27 +419,6 @@ class Agent:
             self.pipeline.series[st.labels] = st
         log.info("state: %d offset(s), %d alert(s), %d series from %s", len(self.offsets), len(alerts),
                  len(self.pipeline.series), self.store.path)
-
-    # -- JSON API ----------------------------------------------------------------------------------
-    def alerts_json(self) -> dict[str, Any]:
-        with self.pipeline.lock:
-            return {"alerts": [a.to_json() for a in self.pipeline.alerts.alerts.values()
-                               if a.state != AlertState.RESOLVED]}
-
-    def status_json(self) -> dict[str, Any]:
-        counters, errors, gauges = self.health.snapshot()
-        with self.pipeline.lock:
-            series = [{"labels": dict(s.labels), **s.to_dict()} for s in self.pipeline.series.values()]
-            rule_errors = {f: str(e) for f, e in self.pipeline.rules.errors.items()}
-            rules = [{"alert": r.name, "kind": r.spec.kind, "file": r.file, "group": r.group}
-                     for r in self.pipeline.rules.rules]
-        files = [{"path": p, "format": s.format, "lines": s.stats.lines, "records": s.stats.records}
-                 for p, s in list(self.streams.items())]
-        return {"version": __version__, "ready": bool(gauges["ready"]), "kernels": kernels.active(), "watches": [
-            {"path": str(w.path), "kind": w.kind, "labels": w.labels,
-             "mode": self.watcher.modes.get(str(w.path), "pending")} for w in self.config.watches],
-            "files": files, "series": series, "rules": rules, "rule_errors": rule_errors,
-            "counters": counters, "errors": errors}
 
 
 def default_state_dir() -> Path:
