@@ -193,28 +193,35 @@ typedef int v8i __attribute__((vector_size(32)));
 typedef unsigned int v8u __attribute__((vector_size(32)));
 
 static inline __attribute__((always_inline)) v8d sel(v8l m, v8d a, v8d b) { return (v8d)((m & (v8l)a) | (~m & (v8l)b)); }
+static inline __attribute__((always_inline)) v8f self(v8i m, v8f a, v8f b) { return (v8f)((m & (v8i)a) | (~m & (v8i)b)); }
 static inline __attribute__((always_inline)) v8d vabs(v8d v) { return (v8d)((v8l)v & 0x7fffffffffffffffLL); }
 static inline __attribute__((always_inline)) v8d splat(double v) { return (v8d){v, v, v, v, v, v, v, v}; }
 
-static inline __attribute__((always_inline)) v8d vload(const void *p, Py_ssize_t i, int kind) {
-    /* element-wise initialisers: GCC makes one vcvtps2pd (zmm) of them, where a converted
-     * vector load came out as four instructions */
+/* Eight words as float32 values. */
+static inline __attribute__((always_inline)) v8f vloadf(const void *p, Py_ssize_t i, int kind) {
     if (kind == K_F32) {
-        const float *f = (const float *)p + i;
-        return (v8d){f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
+        v8f f;
+        memcpy(&f, (const float *)p + i, sizeof f);
+        return f;
     }
     const uint16_t *h = (const uint16_t *)p + i;
     v8u u = {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
-    if (kind == K_BF16) {
-        v8f f = (v8f)(u << 16);
-        return (v8d){f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
-    }
+    if (kind == K_BF16) return (v8f)(u << 16);
     v8u em = u & 0x7fffu, sign = (u & 0x8000u) << 16;     /* half_to_float, eight at a time */
     v8f v = (v8f)(em << 13) * 0x1p112f;
     v8i special = (v8i)(em >= 0x7c00u);
     v8i bits = (special & (v8i)(0x7f800000u | (em << 13))) | (~special & (v8i)v);
-    v8f f = (v8f)((v8u)bits | sign);
+    return (v8f)((v8u)bits | sign);
+}
+
+/* element-wise initialisers: GCC makes one vcvtps2pd (zmm) of them, where a converted vector
+ * load came out as four instructions */
+static inline __attribute__((always_inline)) v8d widen(v8f f) {
     return (v8d){f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
+}
+
+static inline __attribute__((always_inline)) v8d vload(const void *p, Py_ssize_t i, int kind) {
+    return widen(vloadf(p, i, kind));
 }
 
 /* log(p/q) for p, q >= float32 eps (both normal): q is scaled by 2^k, k the nearest integer to
@@ -239,14 +246,16 @@ static inline __attribute__((always_inline)) v8d log_ratio(v8d p, v8d q) {
 }
 
 typedef struct { double shx, scx, shy, scy; } KldP;
+enum { FCH = 512, NFAR = 32 };                  /* far-term chunks: elements, most recorded */
 
 typedef struct {
-    double sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g;
+    double sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g, lox, hix, loy, hiy;
     int64_t c1, c5, differ;
 } Sums;
 
 typedef struct {
     v8d sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g;
+    v8f lox, hix, loy, hiy;                     /* ranges: exact in float32, half the width */
     v8l c1, c5, ne, far;
 } Lanes;
 
@@ -266,25 +275,32 @@ static inline __attribute__((always_inline)) v8d g_small(v8d w, int wide) {
 }
 
 /* Eight element pairs (lanes where `valid` is set: the tail) into the lanes (metrics.py has the
- * definitions); comparisons give -1 per true lane, so counts subtract them. */
+ * definitions); comparisons give -1 per true lane, so counts subtract them. `metrics` == 0:
+ * KLD's terms only (the second pass of blocks_c.two_pass, once pass 1 found the ranges). */
 static inline __attribute__((always_inline)) void
-step(Lanes *a, v8d x, v8d y, v8l valid, int kld, int wide, const KldP *kp) {
-    a->sx += x; a->sy += y;
-    a->sxx += x * x; a->syy += y * y; a->sxy += x * y;
-    a->ne -= (x != y) & valid;
-    v8d d = x - y;                              /* exact: two float32 values */
-    a->sdd += d * d;
-    v8d ad = vabs(d);
-    a->sad += ad;
-    a->mad = sel(ad > a->mad, ad, a->mad);      /* its first index: found after the loop */
-    v8d ay = vabs(y);
-    /* y == 0: msprobe adds eps to both sides, so the error is |x|/eps (exact: eps = 2^-52) */
-    v8d r = ad / sel(y == 0.0, splat(EPS64), ay);
-    a->c1 -= (r < R1) & valid;
-    a->c5 -= (r < R5) & valid;
-    v8d rb = (v8d)((ay > EPS64) & (v8l)r);      /* msaccucmp: |y| <= eps contributes 0 */
-    a->srel += rb;
-    a->mrel = sel(rb > a->mrel, rb, a->mrel);
+step(Lanes *a, v8f xf, v8f yf, v8l valid, int metrics, int kld, int wide, const KldP *kp) {
+    v8d x = widen(xf), y = widen(yf);
+    if (metrics) {
+        v8i v32 = __builtin_convertvector(valid, v8i);
+        a->lox = self(v32 & (xf < a->lox), xf, a->lox); a->hix = self(v32 & (xf > a->hix), xf, a->hix);
+        a->loy = self(v32 & (yf < a->loy), yf, a->loy); a->hiy = self(v32 & (yf > a->hiy), yf, a->hiy);
+        a->sx += x; a->sy += y;
+        a->sxx += x * x; a->syy += y * y; a->sxy += x * y;
+        a->ne -= (x != y) & valid;
+        v8d d = x - y;                              /* exact: two float32 values */
+        a->sdd += d * d;
+        v8d ad = vabs(d);
+        a->sad += ad;
+        a->mad = sel(ad > a->mad, ad, a->mad);      /* its first index: found after the loop */
+        v8d ay = vabs(y);
+        /* y == 0: msprobe adds eps to both sides, so the error is |x|/eps (exact: eps = 2^-52) */
+        v8d r = ad / sel(y == 0.0, splat(EPS64), ay);
+        a->c1 -= (r < R1) & valid;
+        a->c5 -= (r < R5) & valid;
+        v8d rb = (v8d)((ay > EPS64) & (v8l)r);      /* msaccucmp: |y| <= eps contributes 0 */
+        a->srel += rb;
+        a->mrel = sel(rb > a->mrel, rb, a->mrel);
+    }
     if (kld) {                                  /* kld == 2: no element of the block is clamped */
         v8d p = (x - kp->shx) * kp->scx, q = (y - kp->shy) * kp->scy;
         if (kld == 1) {                         /* the clamp at float32 eps */
@@ -302,6 +318,16 @@ step(Lanes *a, v8d x, v8d y, v8l valid, int kld, int wide, const KldP *kp) {
     }
 }
 
+/* Record chunk c0 if a lane met a far term in it (more than NFAR: nf > NFAR, the whole block). */
+static inline __attribute__((always_inline)) void note_far(Lanes *a, Py_ssize_t c0, Py_ssize_t *fars, int *nf) {
+    long long f = 0;
+    for (int j = 0; j < 8; j++) f |= a->far[j];
+    if (!f) return;
+    if (*nf < NFAR) fars[*nf] = c0;
+    *nf += *nf <= NFAR;
+    a->far = (v8l){0};
+}
+
 static inline __attribute__((always_inline)) void
 far_terms(Lanes *a, v8d x, v8d y, v8l valid, int wide, const KldP *kp) {
     v8d p = (x - kp->shx) * kp->scx, q = (y - kp->shy) * kp->scy;
@@ -312,28 +338,42 @@ far_terms(Lanes *a, v8d x, v8d y, v8l valid, int wide, const KldP *kp) {
 }
 
 static inline __attribute__((always_inline)) void
-block_body(const void *px, const void *py, Py_ssize_t n, int kx, int ky, int kld, const KldP *kp, Sums *o) {
+block_body(const void *px, const void *py, Py_ssize_t n, int kx, int ky, int metrics, int kld,
+           const KldP *kp, Sums *o) {
     Lanes a;
     memset(&a, 0, sizeof a);
+    a.lox = a.loy = (v8f){0} + INFINITY;
+    a.hix = a.hiy = (v8f){0} - INFINITY;
     const v8l iota = {0, 1, 2, 3, 4, 5, 6, 7}, all = iota >= 0;
     const int wide = kx == K_BF16 || ky == K_BF16;
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        step(&a, vload(px, i, kx), vload(py, i, ky), all, kld, wide, kp);
+    /* chunks holding a far KLD term (|w| above the series' bound), for the second loop: a
+     * handful per block at most on realistic data (only values next to a side's minimum get
+     * there), so that loop reads those chunks and not the whole block */
+    Py_ssize_t fars[NFAR], i = 0, full = n - n % 8;
+    int nf = 0;
+    while (i < full) {
+        Py_ssize_t c0 = i, e = i + FCH < full ? i + FCH : full;
+        for (; i < e; i += 8)
+            step(&a, vloadf(px, i, kx), vloadf(py, i, ky), all, metrics, kld, wide, kp);
+        if (kld) note_far(&a, c0, fars, &nf);
+    }
     if (i < n) {                                /* the tail, zero-padded to eight */
         unsigned char bx[32] = {0}, by[32] = {0};
         size_t isx = (size_t)item_size(kx), isy = (size_t)item_size(ky);
         memcpy(bx, (const char *)px + i * isx, (size_t)(n - i) * isx);
         memcpy(by, (const char *)py + i * isy, (size_t)(n - i) * isy);
-        step(&a, vload(bx, 0, kx), vload(by, 0, ky), iota < (n - i), kld, wide, kp);
+        step(&a, vloadf(bx, 0, kx), vloadf(by, 0, ky), iota < (n - i), metrics, kld, wide, kp);
+        if (kld) note_far(&a, i, fars, &nf);
     }
     memset(o, 0, sizeof *o);
-    long long far = 0;
-    for (int j = 0; j < 8; j++) far |= a.far[j];
-    if (kld && far) {                           /* the terms of |w| > 1/32, in the same lanes */
-        for (i = 0; i < n; i += 8) {
+    o->lox = o->loy = INFINITY;
+    o->hix = o->hiy = -INFINITY;
+    for (int c = 0; kld && c < (nf > NFAR ? 1 : nf); c++) {   /* |w| beyond the series, same lanes */
+        Py_ssize_t c0 = nf > NFAR ? 0 : fars[c];
+        Py_ssize_t e = nf > NFAR || c0 == full ? n : (c0 + FCH < full ? c0 + FCH : full);
+        for (i = c0; i < e; i += 8) {
             unsigned char bx[32] = {0}, by[32] = {0};
-            Py_ssize_t m = n - i < 8 ? n - i : 8;
+            Py_ssize_t m = e - i < 8 ? e - i : 8;
             memcpy(bx, (const char *)px + i * item_size(kx), (size_t)m * item_size(kx));
             memcpy(by, (const char *)py + i * item_size(ky), (size_t)m * item_size(ky));
             far_terms(&a, vload(bx, 0, kx), vload(by, 0, ky), iota < m, wide, kp);
@@ -346,20 +386,24 @@ block_body(const void *px, const void *py, Py_ssize_t n, int kx, int ky, int kld
         o->c1 += a.c1[j]; o->c5 += a.c5[j]; o->differ += a.ne[j];
         o->mrel = a.mrel[j] > o->mrel ? a.mrel[j] : o->mrel;
         o->mad = a.mad[j] > o->mad ? a.mad[j] : o->mad;
+        o->lox = a.lox[j] < o->lox ? a.lox[j] : o->lox; o->hix = a.hix[j] > o->hix ? a.hix[j] : o->hix;
+        o->loy = a.loy[j] < o->loy ? a.loy[j] : o->loy; o->hiy = a.hiy[j] > o->hiy ? a.hiy[j] : o->hiy;
     }
 }
 
 typedef void (*block_fn)(const void *, const void *, Py_ssize_t, const KldP *, Sums *);
-#define DEF_BLOCK(KX, KY, KLD) \
-    CLONES static void block_##KX##_##KY##_##KLD(const void *px, const void *py, Py_ssize_t n, \
-                                                 const KldP *kp, Sums *o) { \
-        block_body(px, py, n, KX, KY, KLD, kp, o); }
-#define DEF_ROW(KX, KLD) DEF_BLOCK(KX, 0, KLD) DEF_BLOCK(KX, 1, KLD) DEF_BLOCK(KX, 2, KLD)
-#define DEF_KLD(KLD) DEF_ROW(0, KLD) DEF_ROW(1, KLD) DEF_ROW(2, KLD)
-DEF_KLD(0) DEF_KLD(1) DEF_KLD(2)
-#define FN_ROW(KX, KLD) {block_##KX##_0_##KLD, block_##KX##_1_##KLD, block_##KX##_2_##KLD}
-#define FN_KLD(KLD) {FN_ROW(0, KLD), FN_ROW(1, KLD), FN_ROW(2, KLD)}
-static const block_fn BLOCKS[3][3][3] = {FN_KLD(0), FN_KLD(1), FN_KLD(2)};
+/* block_M_KX_KY_KLD: M = 1 every metric (and KLD's terms where KLD > 0), M = 0 KLD's only */
+#define DEF_BLOCK(M, KX, KY, KLD) \
+    CLONES static void block_##M##_##KX##_##KY##_##KLD(const void *px, const void *py, Py_ssize_t n, \
+                                                       const KldP *kp, Sums *o) { \
+        block_body(px, py, n, KX, KY, M, KLD, kp, o); }
+#define DEF_ROW(M, KX, KLD) DEF_BLOCK(M, KX, 0, KLD) DEF_BLOCK(M, KX, 1, KLD) DEF_BLOCK(M, KX, 2, KLD)
+#define DEF_KLD(M, KLD) DEF_ROW(M, 0, KLD) DEF_ROW(M, 1, KLD) DEF_ROW(M, 2, KLD)
+DEF_KLD(1, 0) DEF_KLD(1, 1) DEF_KLD(1, 2) DEF_KLD(0, 1) DEF_KLD(0, 2)
+#define FN_ROW(M, KX, KLD) {block_##M##_##KX##_0_##KLD, block_##M##_##KX##_1_##KLD, block_##M##_##KX##_2_##KLD}
+#define FN_KLD(M, KLD) {FN_ROW(M, 0, KLD), FN_ROW(M, 1, KLD), FN_ROW(M, 2, KLD)}
+static const block_fn BLOCKS[3][3][3] = {FN_KLD(1, 0), FN_KLD(1, 1), FN_KLD(1, 2)};
+static const block_fn TERMS[2][3][3] = {FN_KLD(0, 1), FN_KLD(0, 2)};
 
 /* Index of the first pair whose values differ (the main pass only counts them). */
 static Py_ssize_t first_diff(const void *px, const void *py, Py_ssize_t n, int kx, int ky) {
@@ -401,9 +445,29 @@ static PyObject *py_block(PyObject *self, PyObject *args) {
     PyBuffer_Release(&vx);
     PyBuffer_Release(&vy);
     if (!finite) Py_RETURN_NONE;                 /* NaN/Inf: numpy's policy path */
-    return Py_BuildValue("(dddddddddndnnnnddd)", s.sx, s.sy, s.sxx, s.syy, s.sxy, s.sdd, s.sad,
+    return Py_BuildValue("(dddddddddndnnnnddddddd)", s.sx, s.sy, s.sxx, s.syy, s.sxy, s.sdd, s.sad,
                          s.srel, s.mad, mi, s.mrel, (Py_ssize_t)s.c1, (Py_ssize_t)s.c5,
-                         (Py_ssize_t)s.differ, fd, s.sa, s.sb, s.g);
+                         (Py_ssize_t)s.differ, fd, s.sa, s.sb, s.g, s.lox, s.hix, s.loy, s.hiy);
+}
+
+/* KLD's terms of a block whose metrics pass 1 took (and found finite): (Σa, Σb, G). */
+static PyObject *py_terms(PyObject *self, PyObject *args) {
+    PyObject *ox, *oy, *okld;
+    int kx, ky, clamps = 1;
+    KldP kp;
+    if (!PyArg_ParseTuple(args, "OOiiO!", &ox, &oy, &kx, &ky, &PyTuple_Type, &okld)) return NULL;
+    if (!PyArg_ParseTuple(okld, "dddd|p", &kp.shx, &kp.scx, &kp.shy, &kp.scy, &clamps)) return NULL;
+    Py_buffer vx, vy;
+    Py_ssize_t n = get_pair(ox, oy, kx, ky, &vx, &vy);
+    if (n < 0) return NULL;
+    Sums s;
+    Py_BEGIN_ALLOW_THREADS
+    TERMS[clamps ? 0 : 1][kx][ky](vx.buf, vy.buf, n, &kp, &s);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&vx);
+    PyBuffer_Release(&vy);
+    if (!(isfinite(s.sa) && isfinite(s.sb) && isfinite(s.g))) Py_RETURN_NONE;
+    return Py_BuildValue("(ddd)", s.sa, s.sb, s.g);
 }
 
 /* -- identical blocks ------------------------------------------------------------------------------
@@ -467,6 +531,8 @@ static PyMethodDef METHODS[] = {
      "range(words, kind) -> (min, max) of a block's float32 values, NaN/Inf counted as 0"},
     {"block", py_block, METH_VARARGS,
      "block(x, y, kx, ky, want_first, mad_floor, kld) -> every partial of a differing block, or None on NaN/Inf"},
+    {"terms", py_terms, METH_VARARGS,
+     "terms(x, y, kx, ky, kld) -> KLD's (sum a, sum b, G) of a finite block, or None"},
     {"same", py_same, METH_VARARGS,
      "same(x, y, kind) -> (sum, sum of squares) when the bytes are equal, else None"},
     {"log_ratio", py_log_ratio, METH_VARARGS, "log_ratio(p, q): the kernel's log(p/q) (for its accuracy test)"},

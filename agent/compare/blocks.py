@@ -227,12 +227,18 @@ class Kld:
     one divide, one log, one dot. Blocks that reach the clamp take the literal definition."""
 
     def __init__(self, sx_: Side, sy_: Side, x: np.ndarray, y: np.ndarray, n: int, sc: Scratch,
-                 c_range: Callable[[Side, np.ndarray], Range | None] | None = None) -> None:
+                 c_range: Callable[[Side, np.ndarray], Range | None] | None = None,
+                 ranges: dict[int, tuple[Range, Range]] | None = None) -> None:
+        """``ranges``: every block's ((min, max) of x, of y), already found (the C kernel's
+        pass 1); without it, a pre-pass reads both sides for them."""
         mn, mx = [math.inf, math.inf], [-math.inf, -math.inf]
         self.bmin: dict[int, tuple[float, float]] = {}
-        for off, xr, yr in pairs(x, y, n):   # c_range: the C kernel's range of a block, if it can
-            rx, ry = (c_range(sx_, xr), c_range(sy_, yr)) if c_range is not None else (None, None)
-            (lx, hx), (ly, hy) = rx or _block_range(sx_, xr, sc), ry or _block_range(sy_, yr, sc)
+        if ranges is None:
+            ranges = {}
+            for off, xr, yr in pairs(x, y, n):   # c_range: the C kernel's range of a block, if it can
+                rx, ry = (c_range(sx_, xr), c_range(sy_, yr)) if c_range is not None else (None, None)
+                ranges[off] = (rx or _block_range(sx_, xr, sc), ry or _block_range(sy_, yr, sc))
+        for off, ((lx, hx), (ly, hy)) in ranges.items():
             self.bmin[off] = (lx, ly)
             mn[0], mn[1], mx[0], mx[1] = min(mn[0], lx), min(mn[1], ly), max(mx[0], hx), max(mx[1], hy)
         self.shift, self.scale = [0.0, 0.0], [1.0, 1.0]

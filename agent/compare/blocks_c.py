@@ -21,7 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from .blocks import Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, pairs
+from .blocks import (Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, pairs,
+                     same_bytes)
 
 F32, F16, BF16 = 0, 1, 2
 _KINDS = {"f4": F32, "f2": F16, "bf16": BF16}
@@ -74,19 +75,20 @@ def block_range(mod: ModuleType, kind: int | None, raw: np.ndarray) -> Range | N
 
 
 def general(mod: ModuleType, kx: int | None, ky: int | None, xr: np.ndarray, yr: np.ndarray,
-            off: int, acc: Acc, kld: Kld | None) -> bool:
-    """One differing block through the kernel; False when numpy must take it (unsupported
-    data, or NaN/Inf in the block)."""
+            off: int, acc: Acc, kld: Kld | None) -> tuple[Range, Range] | None:
+    """One differing block through the kernel: its ranges ((min, max) of x, of y); None when
+    numpy must take it (unsupported data, or NaN/Inf in the block)."""
     if kx is None or ky is None or not (fits(xr) and fits(yr)):
-        return False
+        return None
     try:
         r = mod.block(aligned(xr, 0), aligned(yr, 1), kx, ky, acc.first_diff is None, acc.mad,
                       None if kld is None else kld.params(off))
     except ValueError:
-        return False
+        return None
     if r is None:
-        return False
-    (sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mad_i, mrel, c1, c5, nd, fd, sa, sb, g) = r
+        return None
+    (sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mad_i, mrel, c1, c5, nd, fd, sa, sb, g,
+     lx, hx, ly, hy) = r
     acc.sx.append(sx), acc.sy.append(sy)
     acc.sxx.append(sxx), acc.syy.append(syy), acc.sxy.append(sxy)
     acc.sdd.append(sdd), acc.sad.append(sad), acc.srel.append(srel)
@@ -102,7 +104,7 @@ def general(mod: ModuleType, kx: int | None, ky: int | None, xr: np.ndarray, yr:
             acc.first_diff = off + fd
     if kld is not None:
         kld.add_g(sa, sb, g)
-    return True
+    return (lx, hx), (ly, hy)
 
 
 def identical(mod: ModuleType, kind: int | None, xr: np.ndarray, yr: np.ndarray) -> tuple[float, float] | bool:
@@ -186,3 +188,51 @@ def revisit_identical(sx_: Side, x: np.ndarray, y: np.ndarray, n: int, acc: Acc,
             if off in acc.dirty:
                 _zero_nonfinite(a)
             kld.same_block(off, a, sc.y[:m], sc.z[:m], todo[off])
+
+
+# -- two passes: every metric and the ranges, then KLD's terms -----------------------------------
+def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, acc: Acc,
+             sc: Scratch, uview: np.dtype | None) -> Kld | None | bool:
+    """A compare the kernel takes whole: pass 1 gives every block's metrics and ranges while
+    the block is in cache (the range pre-pass of the one-pass flow would read both sides
+    once more from memory); pass 2 reads the differing blocks again for KLD's terms only,
+    which need both sides' global ranges. Returns the Kld (None: every block identical), or
+    False when the kernel refused a block (NaN/Inf, say): the caller starts again with a
+    fresh ``acc`` on the one-pass flow, which leaves those blocks to numpy."""
+    x, y = sx_.a, sy_.a
+    ranges: dict[int, tuple[Range, Range]] = {}
+    for off, xr, yr in pairs(x, y, n):
+        if uview is not None:
+            same = identical(mod, kx, xr, yr)
+            if same is not False:
+                sums = same if isinstance(same, tuple) else None
+                if sums is not None or same_bytes(xr, yr, uview, sc.b1):
+                    identical_block(sx_, xr, off, acc, sc, None, mod, sums)
+                    continue
+        acc.bitwise = False
+        got = general(mod, kx, ky, xr, yr, off, acc, None)
+        if got is None:
+            return False
+        ranges[off] = got
+    if not ranges:
+        return None
+    todo = {off for off, _, _ in acc.kld_todo}
+    for off, xr, _ in pairs(x, y, n) if todo else ():   # identical blocks: one side's range
+        if off in todo:
+            r = block_range(mod, kx, xr)
+            if r is None:
+                return False
+            ranges[off] = (r, r)
+    kld = Kld(sx_, sy_, x, y, n, sc, ranges=ranges)
+    for off, xr, yr in pairs(x, y, n):
+        if off not in todo:
+            try:
+                t = mod.terms(aligned(xr, 0), aligned(yr, 1), kx, ky, kld.params(off))
+            except ValueError:
+                t = None
+            if t is None:
+                return False
+            kld.add_g(*t)
+    if acc.kld_todo:
+        revisit_identical(sx_, x, y, n, acc, sc, kld, mod)
+    return kld

@@ -149,6 +149,12 @@ def compare_arrays(target: np.ndarray, bench: np.ndarray, *, target_dtype: str |
     mod = kernels.get("compare")   # per call: a test's kernels.forced() applies
     kx, ky = (blocks_c.kind_of(sx_), blocks_c.kind_of(sy_)) if mod is not None else (None, None)
     with np.errstate(all="ignore"):
+        if kx is not None and ky is not None and not is_bool:
+            got = blocks_c.two_pass(mod, sx_, sy_, kx, ky, n, acc, sc, uview)
+            if got is not False:
+                return _finish(count=int(x.size), is_bool=is_bool, acc=acc, kld=got)
+            acc = Acc()   # a block the kernel refused: the one-pass flow, numpy for that block
+            acc.bitwise = same_dtype
         for off, xr, yr in pairs(x, y, n):
             if uview is not None:
                 same = blocks_c.identical(mod, kx, xr, yr) if kx is not None else True
