@@ -93,7 +93,8 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class TensorStats:
-    """Statistics of one dumped tensor, from one numpy pass."""
+    """Statistics of one dumped tensor, from one blocked pass (agent/dumps/scanner.py) or as the
+    dump gives them. Fields added later default to None, so an older serialised form loads."""
 
     name: str                 # op or module name
     io: str                   # "input" | "output" | "param" | ""
@@ -108,6 +109,9 @@ class TensorStats:
     max: float | None = None
     mean: float | None = None
     l2norm: float | None = None
+    # mean(|x|) over the finite elements (MindInsight's watchpoints are stated on it); None for
+    # producers that lack it (msprobe statistics mode, statistic.csv) and for older stored results
+    abs_mean: float | None = None
     zero_fraction: float | None = None
     fp16_saturated: int = 0
     step: int | None = None

@@ -178,8 +178,8 @@ def test_kernel_declines_foreign_buffers_and_checks_its_state():
     with pytest.raises(TypeError):
         MOD.f32(np.zeros(4, np.float32))
     assert MOD.f32(np.array([1, -2, np.nan, 0], np.float32), st) is True
-    nan, pinf, ninf, zeros, finite, sat, mn, mx, s, q = MOD.take(st)
-    assert (nan, zeros, finite, mn, mx, s, q) == (1, 1, 3, -2.0, 1.0, -1.0, 5.0)
+    nan, pinf, ninf, zeros, finite, sat, mn, mx, s, q, a = MOD.take(st)
+    assert (nan, zeros, finite, mn, mx, s, q, a) == (1, 1, 3, -2.0, 1.0, -1.0, 5.0, 3.0)
     assert MOD.take(st)[4] == 0  # take() resets
 
 
@@ -191,4 +191,45 @@ def test_glue_hands_declined_blocks_to_the_fallback():
     fn(np.arange(20, dtype=np.float32)[::2], acc, sc)  # strided: numpy's turn
     sc.flush(acc)
     assert seen == [10] and acc.finite == 10 and acc.zeros == 1 and acc.sums == [45.0]
+    assert acc.abss == [45.0]
     assert scan_c.block_fn(MOD, np.zeros(1, np.int32), False, lambda *a: None) is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_abs_sum_clears_the_sign_in_every_lane_and_the_tail(kind):
+    # one sign flipped at a time, in the vector lanes and in the scalar tail: sum |x| must not
+    # move (a lane whose sign is not cleared would subtract 2|x|); NaN/Inf blocks take the
+    # careful loop, which must agree
+    n = 2 * 32 + 5
+    base = np.resize([1.5, 0.25, 3.0, 0.5], n)  # exact in every kind
+    exact = float(np.abs(base).mean())
+    for pos in range(n):
+        vals = base.copy()
+        vals[pos] = -vals[pos]
+        c, npy = both(as_kind(vals, kind), kind)
+        assert c.abs_mean == pytest.approx(exact, rel=1e-12) and npy.abs_mean == pytest.approx(exact, rel=1e-12)
+        vals[(pos + 7) % n] = np.inf
+        c, _ = both(as_kind(vals, kind), kind)
+        assert c.pos_inf == 1 and 0 < c.abs_mean
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16", "f16"])
+def test_abs_mean_of_cancelling_data_is_relative_exact(kind):
+    # mean ~ 0 while mean|x| does not cancel: both kernels get mean|x| to float32-lane accuracy
+    rng = np.random.default_rng(12)
+    vals = rng.standard_normal(300_001)
+    vals -= vals.mean()
+    a = as_kind(vals, kind)
+    c, npy = both(a, kind, block_elems=1 << 14)
+    ref = reference(a, bf16=kind == "bf16")["abs_mean"]
+    assert c.abs_mean == pytest.approx(ref, rel=2e-6) and npy.abs_mean == pytest.approx(ref, rel=2e-6)
+    assert abs(c.mean) < 1e-3 * c.abs_mean
+
+
+def test_float64_abs_sum_overflows_like_a_reference():
+    # +-1e308 cancel in the plain sum but not in sum |x|: Inf, as numpy's float64 sum gives
+    a = np.array([1e308, -1e308, 1e308, -1e308, 1.0], np.float64)
+    for mode in ("c", "numpy"):
+        with kernels.forced(mode):
+            s = scan_array(a)
+        assert s.mean == pytest.approx(0.2) and s.abs_mean == np.inf and s.nan == 0

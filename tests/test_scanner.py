@@ -52,7 +52,7 @@ def reference(a: np.ndarray, bf16: bool = False) -> dict:
                    l2norm=math.sqrt(float(np.sum(fin * fin))), abs_mean=float(np.mean(np.abs(fin))),
                    rms=math.sqrt(float(np.mean(fin * fin))))
     else:
-        ref.update(min=None, max=None, mean=None, l2norm=None)
+        ref.update(min=None, max=None, mean=None, l2norm=None, abs_mean=None)
     return ref
 
 
@@ -71,12 +71,16 @@ def check(stats, ref, tol: float = F64_TOL) -> None:
     for k in ("count", "nan", "pos_inf", "neg_inf", "fp16_saturated", "min", "max", "zero_fraction"):
         assert getattr(stats, k) == ref[k], (k, getattr(stats, k), ref[k])
     if ref["mean"] is None:
-        assert stats.mean is None and stats.l2norm is None
+        assert stats.mean is None and stats.l2norm is None and stats.abs_mean is None
         return
     # Sums accumulate in float64 in both, but in a different order (blocked BLAS dot + fsum vs
     # numpy pairwise); with cancellation the relative error of the *sum* is unbounded for both,
     # so the bound is relative to mean(|x|) (resp. the norm itself), the condition-independent one.
     assert abs(stats.mean - ref["mean"]) <= tol * ref["abs_mean"] + 1e-300, (stats.mean, ref["mean"])
+    # a sum of |x| has no cancellation: the same bound is a relative one here
+    assert abs(stats.abs_mean - ref["abs_mean"]) <= tol * ref["abs_mean"] + 1e-300, (
+        stats.abs_mean, ref["abs_mean"])
+    assert stats.abs_mean >= 0 and (stats.abs_mean > 0) == (ref["abs_mean"] > 0)
     if math.isinf(ref["l2norm"]):
         assert math.isinf(stats.l2norm)
     else:

@@ -6,9 +6,10 @@
  * returns True; it returns False, touching nothing, when the block is not a native-order,
  * aligned, contiguous buffer of its type, so that the caller scans that block with numpy.
  *
- * A block first takes the fast loop: float lanes for min, max, zeros and the sums (a NaN or
- * Inf shows as a non-finite sum). Sums of float32, float16 and bfloat16 values are float32
- * lanes folded into float64 every CHUNK elements. When the block holds NaN/Inf, or a
+ * A block first takes the fast loop: float lanes for min, max, zeros and the sums of x, x*x
+ * and |x| (the sign bit cleared); a NaN or Inf shows as a non-finite sum of x. Sums of
+ * float32, float16 and bfloat16 values are float32 lanes folded into float64 every CHUNK
+ * elements. When the block holds NaN/Inf, or a
  * float32-range block's magnitudes leave 2^-50..2^50 (float32 squares would overflow or
  * underflow), the careful loop rescans the block in float64, counting NaN and +-Inf and
  * leaving them out of the other statistics. Across chunks and blocks, sums are combined with a
@@ -42,13 +43,14 @@
 /* A worker's running statistics; lives in a bytearray between calls (copied in and out). */
 typedef struct {
     int64_t nan, pinf, ninf, zeros, finite, sat;
-    double mn, mx, s, sc, q, qc;  /* min/max of finite values; sums with compensation terms */
+    double mn, mx;                /* min/max of finite values */
+    double s, sc, q, qc, a, ac;   /* sums of x, x*x, |x|, each with its compensation term */
 } state_t;
 
 /* One block's statistics before they are folded into a state. */
 typedef struct {
     int64_t nan, pinf, ninf, zeros, finite, sat;
-    double mn, mx, s, sc, q, qc;
+    double mn, mx, s, sc, q, qc, a, ac;
 } blk_t;
 
 /* Neumaier summation: s + c tracks the exact sum far better than s alone. An infinite s
@@ -79,6 +81,8 @@ static void state_merge(state_t *st, const blk_t *b) {
     st->sc += b->sc;
     add_comp(&st->q, &st->qc, b->q);
     st->qc += b->qc;
+    add_comp(&st->a, &st->ac, b->a);
+    st->ac += b->ac;
 }
 
 /* -- element loaders ------------------------------------------------------------------------ */
@@ -116,7 +120,7 @@ static inline double d_f64(double v) { return v; }
         blk_init(o);                                                                          \
         for (Py_ssize_t i = 0; i < n;) {                                                      \
             Py_ssize_t end = i + CHUNK < n ? i + CHUNK : n;                                   \
-            double s = 0, q = 0;                                                              \
+            double s = 0, q = 0, a = 0;                                                       \
             for (; i < end; i++) {                                                            \
                 double v = TOD(x[i]);                                                         \
                 if (v != v) { o->nan++; continue; }                                           \
@@ -129,9 +133,11 @@ static inline double d_f64(double v) { return v; }
                 if (SAT) o->sat += fabs(v) >= F16_MAX;                                        \
                 s += v;                                                                       \
                 q += v * v;                                                                   \
+                a += fabs(v);                                                                 \
             }                                                                                 \
             add_comp(&o->s, &o->sc, s);                                                       \
             add_comp(&o->q, &o->qc, q);                                                       \
+            add_comp(&o->a, &o->ac, a);                                                       \
         }                                                                                     \
     }
 
@@ -156,7 +162,7 @@ typedef int64_t vl __attribute__((vector_size(64)));
 #define L32 16
 #define L64 8
 
-typedef struct { double s, sc, q, qc, mn, mx; int64_t zeros; } fast_t;
+typedef struct { double s, sc, q, qc, a, ac, mn, mx; int64_t zeros; } fast_t;
 
 /* VLOAD2(x, v0, v1): the next 2*L elements into two vectors. Lane order does not matter to
  * the statistics: 16-bit words are read as 32-bit pairs and split into the low words' vector
@@ -177,21 +183,24 @@ typedef struct { double s, sc, q, qc, mn, mx; int64_t zeros; } fast_t;
     vu small_ = (vu)(m_ < 0x400u);                                                            \
     (vf)((sub_ & small_) | (nrm_ & ~small_) | (sign)); })
 
+/* |v| lane by lane: the sign bit cleared (M: all bits but the sign, as a lane integer) */
+#define VABS(VT, IT, M, v) ((VT)((IT)(v) & (M)))
+
 /* a < b ? a : b lane by lane (C has no vector ?:); likewise for the max */
 #define VMIN(VT, IT, a, b) ({ IT t_ = (a) < (b); (VT)(((IT)(a) & t_) | ((IT)(b) & ~t_)); })
 #define VMAX(VT, IT, a, b) ({ IT t_ = (a) > (b); (VT)(((IT)(a) & t_) | ((IT)(b) & ~t_)); })
 
-/* NAME(x, n, o): VT/IT vector and lane-integer types of L lanes, ET the element's float type,
- * VLOAD2 loads 2*L elements, LOAD one. */
-#define FAST(NAME, T, VT, IT, ET, L, VLOAD2, LOAD)                                               \
+/* NAME(x, n, o): VT/IT vector and lane-integer types of L lanes, M the lane's non-sign bits,
+ * ET the element's float type, VLOAD2 loads 2*L elements, LOAD one. */
+#define FAST(NAME, T, VT, IT, M, ET, L, VLOAD2, LOAD)                                            \
     CLONES static void NAME(const T *x, Py_ssize_t n, fast_t *o) {                            \
         VT vmn = (VT){0} + INFINITY, vmx = (VT){0} - INFINITY;                                \
-        double S = 0, Sc = 0, Q = 0, Qc = 0;                                                  \
+        double S = 0, Sc = 0, Q = 0, Qc = 0, A = 0, Ac = 0;                                   \
         int64_t zeros = 0;                                                                    \
         Py_ssize_t i = 0, full = n / (2 * L) * (2 * L);                                       \
         while (i < full) {                                                                    \
             Py_ssize_t end = i + CHUNK < full ? i + CHUNK : full;                             \
-            VT s = {0}, q = {0};                                                              \
+            VT s = {0}, q = {0}, a = {0};                                                     \
             IT z = {0};                                                                       \
             for (; i < end; i += 2 * L) {                                                     \
                 VT v0, v1;                                                                    \
@@ -201,43 +210,49 @@ typedef struct { double s, sc, q, qc, mn, mx; int64_t zeros; } fast_t;
                 vmx = VMAX(VT, IT, hi, vmx);                                                  \
                 s += v0 + v1;                                                                 \
                 q += v0 * v0 + v1 * v1;                                                       \
+                a += VABS(VT, IT, M, v0) + VABS(VT, IT, M, v1);                               \
                 z -= (v0 == 0) + (v1 == 0);                                                   \
             }                                                                                 \
-            double ds = 0, dq = 0;                                                            \
-            for (int j = 0; j < L; j++) { ds += s[j]; dq += q[j]; zeros += z[j]; }            \
+            double ds = 0, dq = 0, da = 0;                                                    \
+            for (int j = 0; j < L; j++) { ds += s[j]; dq += q[j]; da += a[j]; zeros += z[j]; } \
             add_comp(&S, &Sc, ds);                                                            \
             add_comp(&Q, &Qc, dq);                                                            \
+            add_comp(&A, &Ac, da);                                                            \
         }                                                                                     \
         ET mn = INFINITY, mx = -INFINITY;                                                     \
         for (int j = 0; j < L; j++) {                                                         \
             mn = vmn[j] < mn ? vmn[j] : mn;                                                   \
             mx = vmx[j] > mx ? vmx[j] : mx;                                                   \
         }                                                                                     \
-        double ts = 0, tq = 0;                                                                \
+        double ts = 0, tq = 0, ta = 0;                                                        \
         for (; i < n; i++) {                                                                  \
             ET v = LOAD(x[i]);                                                                \
             mn = v < mn ? v : mn;                                                             \
             mx = v > mx ? v : mx;                                                             \
             ts += v;                                                                          \
             tq += (double)v * v;                                                              \
+            ta += fabs((double)v);                                                            \
             zeros += v == 0;                                                                  \
         }                                                                                     \
         add_comp(&S, &Sc, ts);                                                                \
         add_comp(&Q, &Qc, tq);                                                                \
-        o->s = S; o->sc = Sc; o->q = Q; o->qc = Qc;                                           \
+        add_comp(&A, &Ac, ta);                                                                \
+        o->s = S; o->sc = Sc; o->q = Q; o->qc = Qc; o->a = A; o->ac = Ac;                     \
         o->mn = mn; o->mx = mx; o->zeros = zeros;                                             \
     }
 
-FAST(fast_f32, float, vf, vi, float, L32, VL_F32, ld_f32)
-FAST(fast_bf16, uint16_t, vf, vi, float, L32, VL_BF16, ld_bf16)
-FAST(fast_f16, uint16_t, vf, vi, float, L32, VL_F16, ld_f16_fast)
-FAST(fast_f64, double, vd, vl, double, L64, VL_F64, d_f64)
+#define M32 0x7FFFFFFF
+#define M64 0x7FFFFFFFFFFFFFFFLL
+FAST(fast_f32, float, vf, vi, M32, float, L32, VL_F32, ld_f32)
+FAST(fast_bf16, uint16_t, vf, vi, M32, float, L32, VL_BF16, ld_bf16)
+FAST(fast_f16, uint16_t, vf, vi, M32, float, L32, VL_F16, ld_f16_fast)
+FAST(fast_f64, double, vd, vl, M64, double, L64, VL_F64, d_f64)
 
 static void fast_to_blk(const fast_t *f, double mn, double mx, Py_ssize_t n, blk_t *o) {
     blk_init(o);
     o->finite = n; o->zeros = f->zeros;
     o->mn = mn; o->mx = mx;
-    o->s = f->s; o->sc = f->sc; o->q = f->q; o->qc = f->qc;
+    o->s = f->s; o->sc = f->sc; o->q = f->q; o->qc = f->qc; o->a = f->a; o->ac = f->ac;
 }
 
 /* -- per-type block scans (run without the GIL) --------------------------------------------- */
@@ -379,9 +394,9 @@ static PyObject *k_take(PyObject *m, PyObject *arg) {
     state_init(&fresh);
     memcpy(st.buf, &fresh, sizeof fresh);
     PyBuffer_Release(&st);
-    return Py_BuildValue("(LLLLLLdddd)", (long long)s.nan, (long long)s.pinf, (long long)s.ninf,
+    return Py_BuildValue("(LLLLLLddddd)", (long long)s.nan, (long long)s.pinf, (long long)s.ninf,
                          (long long)s.zeros, (long long)s.finite, (long long)s.sat, s.mn, s.mx,
-                         comp_value(s.s, s.sc), comp_value(s.q, s.qc));
+                         comp_value(s.s, s.sc), comp_value(s.q, s.qc), comp_value(s.a, s.ac));
 }
 
 static PyMethodDef methods[] = {
@@ -394,7 +409,7 @@ static PyMethodDef methods[] = {
      "bf16(block, state) -> bool: raw bfloat16 words (uint16/int16)"},
     {"state", k_state, METH_NOARGS, "state() -> bytearray: a fresh per-worker state"},
     {"take", k_take, METH_O,
-     "take(state) -> (nan, pinf, ninf, zeros, finite, sat, min, max, sum, sumsq); resets state"},
+     "take(state) -> (nan, pinf, ninf, zeros, finite, sat, min, max, sum, sumsq, sumabs); resets state"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,7 +21,7 @@ BlockFn = Callable[[np.ndarray, Acc, Scratch], None]
 
 def _fold(values: tuple, acc: Acc) -> None:
     """Add one ``take()`` of a C state to ``acc``."""
-    nan, pinf, ninf, zeros, finite, sat, mn, mx, s, q = values
+    nan, pinf, ninf, zeros, finite, sat, mn, mx, s, q, a = values
     acc.nan += nan
     acc.pinf += pinf
     acc.ninf += ninf
@@ -32,6 +32,7 @@ def _fold(values: tuple, acc: Acc) -> None:
         acc.minmax(mn, mx)
         acc.sums.append(s)
         acc.sqs.append(q)
+        acc.abss.append(a)
 
 
 def _attach(mod: ModuleType, sc: Scratch) -> bytearray:

@@ -23,7 +23,7 @@ _HIGH16 = np.uint32(0xFFFF0000)
 class Acc:
     """Running statistics over blocks (all Python scalars); one per worker thread."""
 
-    __slots__ = ("nan", "pinf", "ninf", "mn", "mx", "sums", "sqs", "zeros", "finite", "sat")
+    __slots__ = ("nan", "pinf", "ninf", "mn", "mx", "sums", "sqs", "abss", "zeros", "finite", "sat")
 
     def __init__(self) -> None:
         self.nan = self.pinf = self.ninf = self.zeros = self.finite = self.sat = 0
@@ -31,6 +31,7 @@ class Acc:
         self.mx: Any = None
         self.sums: list[float] = []
         self.sqs: list[float] = []
+        self.abss: list[float] = []  # partial sums of |x|, like ``sums``
 
     def minmax(self, mn: Any, mx: Any) -> None:
         if self.mn is None or mn < self.mn:
@@ -49,6 +50,7 @@ class Acc:
             self.minmax(o.mn, o.mx)
         self.sums += o.sums
         self.sqs += o.sqs
+        self.abss += o.abss
 
 
 class Scratch:
@@ -61,10 +63,12 @@ class Scratch:
         self.bools = np.empty(n, np.bool_)
         self._w32: np.ndarray | None = None
         self._f64: np.ndarray | None = None
-        # float32 row sums / sums of squares, reduced in float64 when full (not once per block)
+        # float32 row sums / sums of squares / sums of |x|, reduced in float64 when full (not
+        # once per block)
         cap = max(1024, n // row)
         self.rs = np.empty(cap, np.float32)
         self.rq = np.empty(cap, np.float32)
+        self.ra = np.empty(cap, np.float32)
         self.used = 0
         # the C kernel's per-worker state and how it reaches the Acc (scan_c.py sets both)
         self.cstate: bytearray | None = None
@@ -90,21 +94,31 @@ class Scratch:
         if self.used:
             acc.sums.append(float(np.add.reduce(self.rs[:self.used], dtype=np.float64)))
             acc.sqs.append(float(np.add.reduce(self.rq[:self.used], dtype=np.float64)))
+            acc.abss.append(float(np.add.reduce(self.ra[:self.used], dtype=np.float64)))
             self.used = 0
 
 
 # -- sums ---------------------------------------------------------------------------------------
-def _exact_sums(x: np.ndarray, acc: Acc, sc: Scratch) -> None:
-    """Sum and sum of squares in float64 (x is converted into scratch unless already float64)."""
+def _exact_sums(x: np.ndarray, acc: Acc, sc: Scratch, mn: Any, mx: Any) -> None:
+    """Sum, sum of squares and sum of |x| in float64 (x is converted into scratch unless already
+    float64). ``mn``/``mx``: the block's extremes; with one sign, sum |x| is +-sum, no pass."""
     m = x.size
+    y = sc.f64[:m]
     if x.dtype != np.float64:
-        y = sc.f64[:m]
         np.copyto(y, x, casting="unsafe")
         x = y
-    acc.sums.append(float(np.add.reduce(x)))
+    s = float(np.add.reduce(x))
+    acc.sums.append(s)
     k = m // sc.row * sc.row
     q = float(np.add.reduce(np.vecdot(x[:k].reshape(-1, sc.row), x[:k].reshape(-1, sc.row)))) if k else 0.0
     acc.sqs.append(q + float(np.dot(x[k:], x[k:])))
+    if mn >= 0:
+        acc.abss.append(s)
+    elif mx <= 0:
+        acc.abss.append(-s)
+    else:
+        np.abs(x, out=y)  # x is y, or the caller's float64 block (then y is free scratch)
+        acc.abss.append(float(np.add.reduce(y)))
 
 
 def _rows(b: np.ndarray, acc: Acc, sc: Scratch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -115,21 +129,32 @@ def _rows(b: np.ndarray, acc: Acc, sc: Scratch) -> tuple[np.ndarray, np.ndarray,
     return b[:k * sc.row].reshape(k, sc.row), sc.rs[sc.used:sc.used + k], sc.rq[sc.used:sc.used + k]
 
 
-def _f32_sums(b: np.ndarray, amax: float, acc: Acc, sc: Scratch, squared: bool = False) -> None:
+def _f32_sums(b: np.ndarray, mn: float, mx: float, acc: Acc, sc: Scratch, squared: bool = False) -> None:
     """Sums of a finite float32 block: float32 row dots (single-threaded BLAS), rows in float64.
-    ``squared``: the rows' sums of squares are already in their slots (``_f32_block``)."""
+    ``squared``: the rows' sums of squares are already in their slots (``_f32_block``).
+    ``b`` may be the scratch ``w32`` itself (widened half words): it is not read after |x|."""
+    amax = max(-mn, mx)
     if not (amax == 0.0 or _FAST_LO <= amax <= _FAST_HI):
-        _exact_sums(b, acc, sc)
+        _exact_sums(b, acc, sc, mn, mx)
         return
     rows, rs, rq = _rows(b, acc, sc)
     k = len(rows)
+    if k * sc.row < b.size:  # first: the |x| below may overwrite b when b is w32
+        _exact_sums(b[k * sc.row:], acc, sc, mn, mx)
     if k:
         if not squared:
             np.vecdot(rows, rows, out=rq)
         np.vecdot(rows, sc.ones32, out=rs)
+        ra = sc.ra[sc.used:sc.used + k]
+        if mn >= 0:
+            np.copyto(ra, rs)
+        elif mx <= 0:
+            np.negative(rs, out=ra)
+        else:  # |x| into scratch (in cache: the block was just read), then one more row dot
+            a = sc.w32[:k * sc.row].view(np.float32).reshape(k, sc.row)
+            np.abs(rows, out=a)
+            np.vecdot(a, sc.ones32, out=ra)
         sc.used += k
-    if k * sc.row < b.size:
-        _exact_sums(b[k * sc.row:], acc, sc)
 
 
 def _count_zeros(b: np.ndarray, sc: Scratch) -> int:
@@ -148,9 +173,9 @@ def _finite_float(b: np.ndarray, acc: Acc, sc: Scratch, mn: Any, mx: Any, fp16: 
     acc.zeros += _count_zeros(b, sc)
     amax = max(-mn, mx)
     if b.dtype == np.float32:
-        _f32_sums(b, amax, acc, sc, squared)
+        _f32_sums(b, mn, mx, acc, sc, squared)
     else:
-        _exact_sums(b, acc, sc)
+        _exact_sums(b, acc, sc, mn, mx)
     if fp16 and amax >= FP16_MAX:
         acc.sat += int(np.count_nonzero(np.abs(b) >= FP16_MAX))
 
@@ -267,7 +292,7 @@ def _half_block(w: np.ndarray, acc: Acc, sc: Scratch, kind: _Half) -> None:
         acc.zeros += int(np.count_nonzero(w == 0x8000))
     if kind is _F16 and max(hs if nonneg else 0, (hu & 0x7FFF) if neg else 0) >= _F16_SAT_WORD:
         acc.sat += int(np.count_nonzero((w & 0x7FFF) == _F16_SAT_WORD))
-    _f32_sums(f, max(-mn, mx), acc, sc)
+    _f32_sums(f, mn, mx, acc, sc)
 
 
 # -- integers -----------------------------------------------------------------------------------
@@ -277,8 +302,9 @@ def _int_block(b: np.ndarray, acc: Acc, sc: Scratch) -> None:
         return
     if b.dtype == np.bool_:
         b = b.view(np.uint8)
-    acc.minmax(int(np.minimum.reduce(b)), int(np.maximum.reduce(b)))
-    _exact_sums(b, acc, sc)
+    mn, mx = int(np.minimum.reduce(b)), int(np.maximum.reduce(b))
+    acc.minmax(mn, mx)
+    _exact_sums(b, acc, sc, mn, mx)
     acc.zeros += m - int(np.count_nonzero(b))
     acc.finite += m
 

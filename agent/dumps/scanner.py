@@ -8,8 +8,10 @@ Statistics semantics
 --------------------
 * ``count``: number of elements; ``nan`` / ``pos_inf`` / ``neg_inf``: how many are NaN, +Inf,
   -Inf (always 0 for integer and bool tensors).
-* ``min`` / ``max`` / ``mean`` / ``l2norm``: over the FINITE elements only; ``None`` when there
-  are none. ``mean`` = sum / finite count, ``l2norm`` = sqrt(sum of squares); partial sums are
+* ``min`` / ``max`` / ``mean`` / ``l2norm`` / ``abs_mean``: over the FINITE elements only;
+  ``None`` when there are none. ``mean`` = sum / finite count, ``l2norm`` = sqrt(sum of
+  squares), ``abs_mean`` = sum of |x| / finite count (MindInsight's watchpoints are stated on
+  it; a block of one sign reuses its sum). All three sums are kept alike, partial sums
   combined with ``math.fsum``. float64, integer and bool tensors are summed in float64 (error
   ~1e-15 of ``sum(|x|)``). float32, float16 and bfloat16 tensors are summed in float32 over
   short runs and in float64 across them: numpy kernels, rows of ``ROW`` elements (BLAS dots
@@ -171,11 +173,12 @@ def scan_array(a: np.ndarray, *, dtype: str | None = None, name: str = "", io: s
     has = acc.finite > 0
     mean = _fsum(acc.sums) / acc.finite if has else None
     l2 = math.sqrt(_fsum(acc.sqs)) if has else None
+    abs_mean = _fsum(acc.abss) / acc.finite if has else None
     return TensorStats(
         name=name, io=io, index=index, dtype=kind_name, shape=tuple(int(s) for s in a.shape),
         count=count, nan=acc.nan, pos_inf=acc.pinf, neg_inf=acc.ninf,
         min=float(acc.mn) if has else None, max=float(acc.mx) if has else None,
-        mean=mean, l2norm=l2, zero_fraction=(acc.zeros / count) if count else None,
+        mean=mean, l2norm=l2, abs_mean=abs_mean, zero_fraction=(acc.zeros / count) if count else None,
         fp16_saturated=acc.sat, step=step, rank=rank, path=path)
 
 
