@@ -161,38 +161,49 @@ typedef double vd __attribute__((vector_size(64)));
 typedef int64_t vl __attribute__((vector_size(64)));
 #define L32 16
 #define L64 8
+#define M32 0x7FFFFFFF            /* every bit of a float32 / float64 lane but the sign */
+#define M64 0x7FFFFFFFFFFFFFFFLL
 
 typedef struct { double s, sc, q, qc, a, ac, mn, mx; int64_t zeros; } fast_t;
 
-/* VLOAD2(x, v0, v1): the next 2*L elements into two vectors. Lane order does not matter to
- * the statistics: 16-bit words are read as 32-bit pairs and split into the low words' vector
- * and the high words' (one integer op each instead of a widening load). */
-#define VL_F32(x, v0, v1) do { memcpy(&v0, (x), 64); memcpy(&v1, (x) + L32, 64); } while (0)
-#define VL_F64(x, v0, v1) do { memcpy(&v0, (x), 64); memcpy(&v1, (x) + L64, 64); } while (0)
-#define VL_BF16(x, v0, v1) do { vu p_; memcpy(&p_, (x), 64);                                  \
-                                v0 = (vf)(p_ << 16); v1 = (vf)(p_ & 0xFFFF0000u); } while (0)
-#define VL_F16(x, v0, v1) do { vu p_; memcpy(&p_, (x), 64);                                   \
-                               v0 = H2F(p_ & 0x7FFFu, (p_ << 16) & 0x80000000u);              \
-                               v1 = H2F((p_ >> 16) & 0x7FFFu, p_ & 0x80000000u); } while (0)
+/* |v| lane by lane: the sign bit cleared (M: all bits but the sign, as a lane integer) */
+#define VABS(VT, IT, M, v) ((VT)((IT)(v) & (M)))
 
-/* ld_f16_fast on 16 lanes: m the words without sign, sign already in bit 31 (a macro: GCC
- * notes an ABI change on functions passing 64-byte vectors, even inlined ones) */
-#define H2F(m, sign) ({                                                                       \
+/* VLOAD2(x, v0, v1, a0, a1): the next 2*L elements into two vectors, their magnitudes into
+ * two more. Lane order does not matter to the statistics: 16-bit words are read as 32-bit
+ * pairs and split into the low words' vector and the high words' (one integer op each instead
+ * of a widening load). float16 builds the magnitude first, so |x| costs nothing there. */
+#define VL_F32(x, v0, v1, a0, a1) do { memcpy(&v0, (x), 64); memcpy(&v1, (x) + L32, 64);      \
+                                       a0 = VABS(vf, vi, M32, v0); a1 = VABS(vf, vi, M32, v1); \
+                                  } while (0)
+#define VL_F64(x, v0, v1, a0, a1) do { memcpy(&v0, (x), 64); memcpy(&v1, (x) + L64, 64);      \
+                                       a0 = VABS(vd, vl, M64, v0); a1 = VABS(vd, vl, M64, v1); \
+                                  } while (0)
+#define VL_BF16(x, v0, v1, a0, a1) do { vu p_; memcpy(&p_, (x), 64);                           \
+                                        v0 = (vf)(p_ << 16); v1 = (vf)(p_ & 0xFFFF0000u);     \
+                                        a0 = VABS(vf, vi, M32, v0); a1 = (vf)(p_ & 0x7FFF0000u); \
+                                   } while (0)
+#define VL_F16(x, v0, v1, a0, a1) do { vu p_; memcpy(&p_, (x), 64);                            \
+                                       vu m0_ = H2F_MAG(p_ & 0x7FFFu), m1_ = H2F_MAG(p_ >> 16 & 0x7FFFu); \
+                                       a0 = (vf)m0_; a1 = (vf)m1_;                            \
+                                       v0 = (vf)(m0_ | ((p_ << 16) & 0x80000000u));           \
+                                       v1 = (vf)(m1_ | (p_ & 0x80000000u)); } while (0)
+
+/* ld_f16_fast's magnitude on 16 lanes, from the words without sign, as float32 bits (a
+ * macro: GCC notes an ABI change on functions passing 64-byte vectors, even inlined ones) */
+#define H2F_MAG(m) ({                                                                         \
     vu m_ = (m), nrm_ = (m_ << 13) + (112u << 23);                                            \
     vu sub_ = (vu)(__builtin_convertvector((vi)m_, vf) * 0x1p-24f);                           \
     vu small_ = (vu)(m_ < 0x400u);                                                            \
-    (vf)((sub_ & small_) | (nrm_ & ~small_) | (sign)); })
-
-/* |v| lane by lane: the sign bit cleared (M: all bits but the sign, as a lane integer) */
-#define VABS(VT, IT, M, v) ((VT)((IT)(v) & (M)))
+    (sub_ & small_) | (nrm_ & ~small_); })
 
 /* a < b ? a : b lane by lane (C has no vector ?:); likewise for the max */
 #define VMIN(VT, IT, a, b) ({ IT t_ = (a) < (b); (VT)(((IT)(a) & t_) | ((IT)(b) & ~t_)); })
 #define VMAX(VT, IT, a, b) ({ IT t_ = (a) > (b); (VT)(((IT)(a) & t_) | ((IT)(b) & ~t_)); })
 
-/* NAME(x, n, o): VT/IT vector and lane-integer types of L lanes, M the lane's non-sign bits,
- * ET the element's float type, VLOAD2 loads 2*L elements, LOAD one. */
-#define FAST(NAME, T, VT, IT, M, ET, L, VLOAD2, LOAD)                                            \
+/* NAME(x, n, o): VT/IT vector and lane-integer types of L lanes, ET the element's float type,
+ * VLOAD2 loads 2*L elements (and their magnitudes), LOAD one. */
+#define FAST(NAME, T, VT, IT, ET, L, VLOAD2, LOAD)                                            \
     CLONES static void NAME(const T *x, Py_ssize_t n, fast_t *o) {                            \
         VT vmn = (VT){0} + INFINITY, vmx = (VT){0} - INFINITY;                                \
         double S = 0, Sc = 0, Q = 0, Qc = 0, A = 0, Ac = 0;                                   \
@@ -203,14 +214,14 @@ typedef struct { double s, sc, q, qc, a, ac, mn, mx; int64_t zeros; } fast_t;
             VT s = {0}, q = {0}, a = {0};                                                     \
             IT z = {0};                                                                       \
             for (; i < end; i += 2 * L) {                                                     \
-                VT v0, v1;                                                                    \
-                VLOAD2(x + i, v0, v1);                                                        \
+                VT v0, v1, a0, a1;                                                            \
+                VLOAD2(x + i, v0, v1, a0, a1);                                                \
                 VT lo = VMIN(VT, IT, v0, v1), hi = VMAX(VT, IT, v0, v1);                      \
                 vmn = VMIN(VT, IT, lo, vmn);                                                  \
                 vmx = VMAX(VT, IT, hi, vmx);                                                  \
                 s += v0 + v1;                                                                 \
                 q += v0 * v0 + v1 * v1;                                                       \
-                a += VABS(VT, IT, M, v0) + VABS(VT, IT, M, v1);                               \
+                a += a0 + a1;                                                                 \
                 z -= (v0 == 0) + (v1 == 0);                                                   \
             }                                                                                 \
             double ds = 0, dq = 0, da = 0;                                                    \
@@ -241,12 +252,10 @@ typedef struct { double s, sc, q, qc, a, ac, mn, mx; int64_t zeros; } fast_t;
         o->mn = mn; o->mx = mx; o->zeros = zeros;                                             \
     }
 
-#define M32 0x7FFFFFFF
-#define M64 0x7FFFFFFFFFFFFFFFLL
-FAST(fast_f32, float, vf, vi, M32, float, L32, VL_F32, ld_f32)
-FAST(fast_bf16, uint16_t, vf, vi, M32, float, L32, VL_BF16, ld_bf16)
-FAST(fast_f16, uint16_t, vf, vi, M32, float, L32, VL_F16, ld_f16_fast)
-FAST(fast_f64, double, vd, vl, M64, double, L64, VL_F64, d_f64)
+FAST(fast_f32, float, vf, vi, float, L32, VL_F32, ld_f32)
+FAST(fast_bf16, uint16_t, vf, vi, float, L32, VL_BF16, ld_bf16)
+FAST(fast_f16, uint16_t, vf, vi, float, L32, VL_F16, ld_f16_fast)
+FAST(fast_f64, double, vd, vl, double, L64, VL_F64, d_f64)
 
 static void fast_to_blk(const fast_t *f, double mn, double mx, Py_ssize_t n, blk_t *o) {
     blk_init(o);
