@@ -225,3 +225,44 @@ def test_threads_compare_at_once(cmod):
         for t in ts:
             t.join(timeout=120)
     assert len(out) == 3 and all(r == want for r in out)
+
+
+@pytest.mark.parametrize("n", [1, 7, 520, 4096 + 5, 40_003])
+def test_kld_terms_pass_matches_the_one_pass_block(cmod, n):
+    """Pass 2's kernel (terms) gives the one-pass block's KLD partials bit for bit, with far
+    terms (|w| beyond the series) in one chunk, in the tail, and in more chunks than it records;
+    pass 1's ranges are the blocks' min and max."""
+    x, y = _pair(n, 11)
+    lo = min(float(x.min()), float(y.min()))
+    y[-1] = lo                       # far: p is not near q = 0 (clamped)
+    y[n // 2] = lo
+    for v in (y, (y * np.float32(-1.5)).astype(np.float32)):   # the second: far nearly everywhere
+        hi = max(float(x.max()), float(v.max()))
+        for clamps in (True, False):
+            sh, sc = (lo, 1 / (hi - lo + 1)) if clamps else (lo - 1, 1 / (hi - lo + 2))
+            p = (sh, sc, sh, sc, clamps)   # not clamps: every p, q >= 1/(hi - lo + 2)
+            one = cmod.block(x, v, 0, 0, True, 0.0, p)
+            assert cmod.terms(x, v, 0, 0, p) == one[15:18]
+            assert cmod.block(x, v, 0, 0, True, 0.0, None)[18:] == (
+                float(x.min()), float(x.max()), float(v.min()), float(v.max()))
+
+
+def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
+    """A float32 pair's KLD comes from pass 2 (terms), once per differing block; a float16 pair
+    keeps the pre-pass flow; a NaN block makes the float32 pair start again on that flow."""
+    calls = []
+    real = cmod.terms
+    monkeypatch.setattr(cmod, "terms", lambda *a: calls.append(1) or real(*a))
+    x, y = _pair(10_000, 12)
+    y[:2048] = x[:2048]              # two identical blocks: no terms call for them
+    with kernels.forced("c"):
+        a = compare_arrays(x, y, block_elems=1024)
+        assert len(calls) == 8
+        calls.clear()
+        compare_arrays(x.astype(np.float16), y.astype(np.float16), block_elems=1024)
+        assert not calls
+        assert x[5000] != y[5000]
+        x[5000] = y[5000] = np.nan   # now an equal pair
+        b = compare_arrays(x, y, block_elems=1024)
+    assert not calls and b.differ == a.differ - 1
+    same_result(*both(x, y, block_elems=1024))

@@ -229,8 +229,7 @@ class Kld:
     def __init__(self, sx_: Side, sy_: Side, x: np.ndarray, y: np.ndarray, n: int, sc: Scratch,
                  c_range: Callable[[Side, np.ndarray], Range | None] | None = None,
                  ranges: dict[int, tuple[Range, Range]] | None = None) -> None:
-        """``ranges``: every block's ((min, max) of x, of y), already found (the C kernel's
-        pass 1); without it, a pre-pass reads both sides for them."""
+        """``ranges``: each block's ((min, max) of x, of y) if known, else a pre-pass finds them."""
         mn, mx = [math.inf, math.inf], [-math.inf, -math.inf]
         self.bmin: dict[int, tuple[float, float]] = {}
         if ranges is None:
