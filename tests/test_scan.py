@@ -81,8 +81,8 @@ def test_npy_tree_and_corrupt_file(tmp_path):
     r = cli_scan(tmp_path)
     assert r["layout"] == "npy" and len(r["tensors"]) == 2 and len(r["errors"]) == 1
     (a, b) = r["tensors"]
-    assert a["count"] == 10 and a["max"] == 9.0 and a["zero_fraction"] == 0.1
-    assert b["nan"] == 1 and r["first_nonfinite"]["op"] == "b.npy"
+    assert a["count"] == 10 and a["max"] == 9.0 and a["zero_fraction"] == 0.1 and a["abs_mean"] == 4.5
+    assert b["nan"] == 1 and r["first_nonfinite"]["op"] == "b.npy" and b["abs_mean"] == 0.0
     text = subprocess.run([sys.executable, "-m", "precision_agent", "scan", str(tmp_path)], capture_output=True,
                           text=True, timeout=60).stdout
     assert "first bad op: b.npy" in text and "unreadable:" in text
@@ -148,3 +148,31 @@ def test_scan_threads_give_the_same_statistics(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "precision_agent", "scan", "--threads", "0", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "threads" in bad.stderr
+
+
+def test_scan_json_abs_mean_decides_gradient_vanishing(tmp_path):
+    # MindInsight's GradientVanishing is mean|g| < 1e-9. This gradient's mean|g| is 0.6e-9 while
+    # its RMS is ~3e-9: from the statistics alone the conservative bound could not call it
+    # vanishing; the scan's own abs_mean does, and says the basis is exact
+    g = np.where(np.arange(4000) % 2 == 0, 5e-10, -5e-10)
+    g[::400] = 3e-8  # ten spikes
+    d = tmp_path / "rank_0" / "Net" / "0" / "0"
+    d.mkdir(parents=True)
+    ts = 1_700_000_000_000_000
+    np.save(d / f"MatMul.Gradients_Default_net_gradMatMul_MatMul-op9.{ts % 1000}.0.{ts}.output.0.DefaultFormat.npy",
+            g.astype(np.float32))
+    r = cli_scan(tmp_path)
+    (t,) = r["tensors"]
+    true = float(np.abs(g.astype(np.float32).astype(np.float64)).mean())
+    assert t["abs_mean"] == pytest.approx(true, rel=1e-6) and true < 1e-9 < t["l2norm"] / np.sqrt(t["count"])
+    (f,) = [f for f in r["findings"] if f["rule"] == "GradientVanishing"]
+    assert f["evidence"]["abs_mean_basis"] == "exact" and f["evidence"]["value"] == pytest.approx(true, rel=1e-6)
+
+
+@pytest.mark.corpus
+def test_msprobe_abs_mean_from_data_not_from_statistics_mode():
+    # data mode (.pt files) is scanned: every tensor with finite values has mean|x|; statistics
+    # mode (dump.json Max/Min/Mean/Norm) has none, and the watchpoints use bounds there
+    data = cli_scan(corpus_path("msprobe", "bench"))["tensors"]
+    assert all(t["abs_mean"] is not None and t["abs_mean"] >= 0 for t in data if t["count"])
+    assert all(t["abs_mean"] is None for t in cli_scan(corpus_path("msprobe", "stats_bench"))["tensors"])

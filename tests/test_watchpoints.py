@@ -4,6 +4,7 @@ and real dump trees (MindSpore npy, CANN binary, the msprobe corpus) through sca
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import textwrap
@@ -33,6 +34,14 @@ def stats(name: str, io: str, index: int, arr, step: int | None = 0, rank: int |
     a = np.asarray(arr, dtype=np.float32)
     d = asdict(scan_array(a, name=name, io=io, index=index))
     d.update(step=step, rank=rank, path="", **over)
+    return d
+
+
+def stats_only(name: str, io: str, index: int, arr, **over) -> dict:
+    """The same tensor as a statistics-only dump gives it (msprobe statistics mode: no
+    ``abs_mean``), so the kinds must work from bounds."""
+    d = stats(name, io, index, arr, **over)
+    del d["abs_mean"]
     return d
 
 
@@ -144,10 +153,10 @@ def test_sketch_reads_few_elements_at_fixed_positions(tmp_path):
 def test_gradient_vanishing_one_finding_per_step_first_offender(tmp_path):
     p = pipeline(tmp_path, "tensor_too_small", "{abs_mean_lt: 1.0e-9}")
     tiny = rng.normal(size=64) * 1e-12
-    fs = run(p, stats("A.backward", "output", 0, rng.normal(size=64)),
-             stats("B.backward", "output", 0, tiny),
-             stats("C.backward", "output", 0, tiny * 1e-3),
-             stats("Functional.x.0.forward", "output", 0, tiny))             # an activation: not judged
+    fs = run(p, stats_only("A.backward", "output", 0, rng.normal(size=64)),
+             stats_only("B.backward", "output", 0, tiny),
+             stats_only("C.backward", "output", 0, tiny * 1e-3),
+             stats_only("Functional.x.0.forward", "output", 0, tiny))        # an activation: not judged
     assert len(fs) == 1
     f = fs[0]
     assert dict(f.labels)["tensor"] == "B.backward:output:0" and f.step == 0
@@ -162,13 +171,60 @@ def test_too_large_conservative_bound_vs_rms(tmp_path):
     spiky[:2] = 1e6, -1e6                   # rms 1.4e4, mean|x| 200: heavy-tailed, not large on average
     normal = rng.normal(size=10_000) * 1e4  # mean|x| ~ 8e3 everywhere
     cons = pipeline(tmp_path, "tensor_too_large", "{abs_mean_gt: 1000}")
-    fs = run(cons, stats("S.backward", "output", 0, spiky), stats("N.backward", "output", 0, normal))
+    fs = run(cons, stats_only("S.backward", "output", 0, spiky), stats_only("N.backward", "output", 0, normal))
     assert [dict(f.labels)["tensor"] for f in fs] == ["N.backward:output:0"]
     lo, hi = fs[0].evidence["abs_mean_range"]
     assert lo <= np.abs(normal).mean() <= hi
     loose = pipeline(tmp_path, "tensor_too_large", "{abs_mean_gt: 1000, abs_mean_estimate: rms}")
-    fs = run(loose, stats("S.backward", "output", 0, spiky), stats("N.backward", "output", 0, normal))
+    fs = run(loose, stats_only("S.backward", "output", 0, spiky), stats_only("N.backward", "output", 0, normal))
     assert fs[0].labels and dict(fs[0].labels)["tensor"] == "S.backward:output:0" and fs[0].evidence["offenders"] == 2
+
+
+def _straddling_gradient() -> tuple[np.ndarray, float, float, float]:
+    """A gradient whose mean|x| lies well inside the bounds the other statistics give: mostly
+    +-1e-3 with a few +-0.1 spikes. Returns (values, lower bound, mean|x|, upper bound = rms)."""
+    g = np.where(rng.random(20_000) < 0.5, -1e-3, 1e-3)
+    g[rng.choice(g.size, 20, replace=False)] *= 100
+    g = g.astype(np.float32).astype(np.float64)
+    true, rms_ = float(np.abs(g).mean()), float(np.sqrt(np.mean(g * g)))
+    lower = max(abs(float(g.mean())), rms_ * rms_ / float(np.abs(g).max()))
+    assert lower < 0.9 * true and 1.1 * true < rms_  # the bounds straddle every threshold below
+    return g, lower, true, rms_
+
+
+@pytest.mark.parametrize("kind, direction", [("tensor_too_small", "lt"), ("tensor_too_large", "gt")])
+def test_scanned_gradient_judged_on_exact_abs_mean(tmp_path, kind, direction):
+    # thresholds between the bounds, on both sides of the true mean|x|: from our own scan the
+    # decision follows mean|x| itself (basis "exact"); from statistics only, the conservative
+    # bound cannot decide and never hits
+    g, lower, true, upper = _straddling_gradient()
+    for thr in ((lower + true) / 2, (true + upper) / 2):
+        p = pipeline(tmp_path, kind, f"{{abs_mean_{direction}: {thr!r}}}")
+        scanned = stats("G.backward", "output", 0, g)
+        fs = run(p, scanned)
+        should = true < thr if direction == "lt" else true > thr
+        assert bool(fs) == should, (kind, thr, true)
+        if fs:
+            ev = fs[0].evidence
+            assert ev["abs_mean_basis"] == "exact" and "abs_mean_range" not in ev
+            assert ev["value"] == pytest.approx(true, rel=1e-5) == scanned["abs_mean"]
+        p = pipeline(tmp_path, kind, f"{{abs_mean_{direction}: {thr!r}}}")
+        assert run(p, stats_only("G.backward", "output", 0, g, step=1)) == []
+
+
+def test_old_scan_results_without_abs_mean_still_judged(tmp_path):
+    # a scan result stored or printed before abs_mean existed (JSON, no key) and TensorStats
+    # rebuilt from it: both load; the kinds fall back to bounds
+    from precision_agent.model import TensorStats
+    g, lower, true, upper = _straddling_gradient()
+    new = stats("G.backward", "output", 0, g)
+    old = json.loads(json.dumps({k: v for k, v in new.items() if k != "abs_mean"}))
+    ts = TensorStats(**{**old, "shape": tuple(old["shape"])})
+    assert ts.abs_mean is None and asdict(ts) == {**new, "abs_mean": None}
+    p = pipeline(tmp_path, "tensor_too_large", f"{{abs_mean_gt: {lower / 2!r}}}")
+    fs = run(p, old)
+    assert fs and fs[0].evidence["abs_mean_basis"] == "rms"
+    assert fs[0].evidence["abs_mean_range"][0] <= true <= fs[0].evidence["abs_mean_range"][1]
 
 
 def test_mode_all_needs_every_threshold(tmp_path):

@@ -210,8 +210,9 @@ class MagnitudeParams(TensorParams):
     mean_lt: float | None = None
     mean_gt: float | None = None
     mode: Literal["any", "all"] = "any"
-    # mean(|x|) is not a dump statistic: "conservative" uses the bound that cannot give a false
-    # hit (RMS for *_lt, max(|mean|, rms^2/max|x|) for *_gt); "rms" uses the RMS for both
+    # mean(|x|) is exact where the statistics carry it (the scanner's abs_mean) or the tensor
+    # has one sign; otherwise (statistics-only dumps) "conservative" uses the bound that cannot
+    # give a false hit (RMS for *_lt, max(|mean|, rms^2/max|x|) for *_gt), "rms" the RMS for both
     abs_mean_estimate: Literal["conservative", "rms"] = "conservative"
     direction: ClassVar[str] = ""
 

@@ -153,8 +153,9 @@ def rms(t: Mapping[str, Any]) -> float | None:
 
 
 def abs_mean(t: Mapping[str, Any]) -> tuple[float | None, str]:
-    """mean(|x|) and how it was obtained. Exact when the statistics carry it (``abs_mean``) or the
-    tensor has one sign (then |mean|); otherwise the RMS, an upper bound (mean|x| <= rms)."""
+    """mean(|x|) and how it was obtained. Exact when the statistics carry it (``abs_mean``: every
+    tensor the scanner read) or the tensor has one sign (then |mean|); otherwise (statistics-only
+    dumps, older stored results) the RMS, an upper bound (mean|x| <= rms)."""
     if t.get("abs_mean") is not None:
         return float(t["abs_mean"]), "exact"
     mn, mx, mean = t.get("min"), t.get("max"), t.get("mean")
