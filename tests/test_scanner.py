@@ -294,3 +294,19 @@ def test_release_ranges_cover_scanned_bytes_once(monkeypatch, threads):
     assert seen and all(0 <= lo < hi <= a.nbytes for lo, hi in seen)
     assert all(prev[1] <= nxt[0] for prev, nxt in zip(seen, seen[1:]))  # disjoint
     assert sum(hi - lo for lo, hi in seen) > a.nbytes // 2
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32])
+def test_one_signed_tensors_abs_mean_is_abs_of_mean(dtype, sign):
+    # blocks of one sign take sum |x| from the plain sum (numpy kernels); rows and tails of
+    # whole rows, several blocks, -0 among positives
+    rng = np.random.default_rng(8)
+    a = (sign * (np.abs(rng.standard_normal(3 * ROW + 5)) * 10)).astype(dtype)
+    a[::97] = 0
+    if dtype != np.int32:
+        a[1::101] = -0.0
+    for block in (1 << 16, ROW + 3, 100):
+        s = scan_array(a, block_elems=block)
+        check(s, reference(a), tol_for(dtype))
+        assert s.abs_mean == pytest.approx(abs(s.mean), rel=tol_for(dtype))
