@@ -230,7 +230,8 @@ def decode_record(factory: Any, data: Any) -> Any:
 
 
 _HINTS: dict[str, tuple[type, ...]] = {"float": (float, int), "int": (int,), "bool": (bool,), "str": (str,),
-                                       "None": (type(None),), "SourcePos": (SourcePos,)}
+                                       "None": (type(None),), "SourcePos": (SourcePos,),
+                                       "np.ndarray": (np.ndarray,)}
 _SCALARS = (type(None), int, float, str, SourcePos)
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from precision_agent.detectors.base import PerSeries
-from precision_agent.memory import CodecError, decode, decode_record, encode
+from precision_agent.memory import (CodecError, decode, decode_record, dump_key, encode, encode_record,
+                                    load_key, slots_of)
 from precision_agent.model import LOSS, LOSS_SCALE, OVERFLOW, Sample, SourcePos
 from precision_agent.pipeline import Pipeline
 from precision_agent.rulefile import load_rules
@@ -288,8 +289,9 @@ def test_per_series_notes_changes_and_drops_within_its_cap():
 
 
 def test_tensor_kinds_restore_their_explicit_state():
-    """weight_not_changed remembers each weight (stats + sketch) and the step's open group through
-    state()/restore(), as data: a restart between two dumped steps still compares them."""
+    """weight_not_changed remembers each weight (stats + sketch) as one keyed row and the step's
+    open group through state()/restore(), as data: a restart between two dumped steps still
+    compares them."""
     from precision_agent.detectors.tensor_change import NotChangedParams, WeightNotChangedDetector
     from precision_agent.dumps.watchpoints import DUMP_TENSOR, STEP_END
     from precision_agent.memory import dumps, loads
@@ -313,7 +315,11 @@ def test_tensor_kinds_restore_their_explicit_state():
         got = [h for h in (first.observe(s, series) for s in feed[:split]) if h is not None]
         assert first.memory_dirty
         again = WeightNotChangedDetector(NotChangedParams())
-        again.restore(decode(loads(dumps(encode(first.state())))))
+        again.restore(decode(loads(dumps(encode(first.state())))))  # the step's open group
+        for slot, ps in slots_of(first).items():  # the weights: one row each, as the book stores them
+            for key, value in ps.items():
+                row = dumps(encode_record(ps.factory, value))
+                slots_of(again)[slot].restore(load_key(dump_key(key)), decode_record(ps.factory, loads(row)))
         got += [h for h in (again.observe(s, series) for s in feed[split:]) if h is not None]
         assert [(h.labels, h.evidence, h.step) for h in got] == [(h.labels, h.evidence, h.step) for h in expected]
 
@@ -364,3 +370,44 @@ def test_memory_touched_but_unchanged_writes_nothing(tmp_path):
     p.memory.requeue(changed)  # the commit failed: everything is written again
     p.tick(1016.0)
     assert p.memory_delta().upserts
+
+
+def test_weight_memory_is_written_per_changed_weight(tmp_path):
+    """Weights are remembered as one row each: a dump that updates one weight writes that row
+    (plus the small open-group state), not every weight's stats and sketch again."""
+    from precision_agent.dumps.watchpoints import DUMP_TENSOR
+
+    d = tmp_path / "rules"
+    d.mkdir()
+    (d / "r.yml").write_text("groups:\n  - name: g\n    rules:\n      - alert: WNC\n        kind: weight_not_changed\n"
+                             "        labels: {severity: ticket}\n")
+    p = Pipeline(load_rules([d]))
+
+    def weight(step: int, name: str) -> Sample:
+        attrs = (("tensor", name), ("role", "weight"), ("fn", ""), ("bias", False), ("count", 8), ("min", -1.0),
+                 ("max", 1.0), ("mean", 0.0), ("l2norm", 2.0), ("sketch", np.linspace(-1, 1, 8)), ("step", step))
+        return Sample(LABELS, DUMP_TENSOR, 0.0, None, SourcePos(f"/d/step{step}", 0), float(step), None, attrs)
+
+    p.process([weight(1, f"layer{i}.weight") for i in range(50)])
+    first = p.memory_delta()
+    assert sum(1 for u in first.upserts if u[1] == "_prev") == 50
+    p.process([weight(2, "layer7.weight")])
+    second = p.memory_delta()
+    rows = [u for u in second.upserts if u[1] == "_prev"]
+    assert len(rows) == 1 and "layer7.weight" in rows[0][2]
+    assert sum(len(u[4]) for u in second.upserts) < sum(len(u[4]) for u in first.upserts) / 5
+
+
+def test_an_edited_rule_stores_its_memory_again(rules_dir, tmp_path):
+    """After an edit the old rows are pruned; a record equal to one written before the edit must
+    still be written under the new rule (nothing is skipped as 'unchanged')."""
+    p = Pipeline(load_rules([rules_dir]))
+    p.process([sample(LOSS, 3.0, 1)])
+    before = {(u[0], u[1], u[2]): u[4] for u in p.memory_delta().upserts}
+    assert before
+    (rules_dir / "r.yml").write_text(RULES.replace("window: 20, min_before: 10", "window: 21, min_before: 10"))
+    p.set_rules(load_rules([rules_dir]))
+    p.process([sample(LOSS, 3.0, 1)])  # the same record again: the Stuck rule's track is as before
+    after = p.memory_delta()
+    stuck = [u for u in after.upserts if "Stuck" in u[0]]
+    assert stuck, "the edited rule's memory was not written again"

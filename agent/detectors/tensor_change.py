@@ -20,24 +20,30 @@ element satisfies ``|cur - prev| <= atol + rtol*|prev|``; update ratio
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from ..model import Labels, Sample
+from ..model import Sample
 from ..dumps.watchpoints import Role
+from .base import PerSeries
 from .tensor_health import RoleName, TensorKind, TensorParams, dump_step, nonfinite
 
 _STATS = ("min", "max", "mean", "l2norm", "count", "nan", "pos_inf", "neg_inf")
 
 
+@dataclass(slots=True)
 class _Prev:
-    __slots__ = ("step", "stats", "sketch")
+    """A weight at its previous dumped step (one persisted row per weight: see ``_ChangeKind``)."""
 
-    def __init__(self, step: int | None, stats: dict[str, Any], sketch: np.ndarray | None) -> None:
-        self.step, self.stats, self.sketch = step, stats, sketch
+    step: int | None = None
+    stats: dict = field(default_factory=dict)
+    sketch: np.ndarray | None = None
+
+
+_TENSOR = "__tensor__"  # the key of a weight's memory: its series labels plus this pair
 
 
 class ChangeParams(TensorParams):
@@ -50,40 +56,24 @@ class _ChangeKind(TensorKind):
 
     def __init__(self, params: ChangeParams) -> None:
         super().__init__(params)
-        self._prev: OrderedDict[tuple[Labels, str], _Prev] = OrderedDict()
+        # keyed like series memory, so the state store writes one row per weight a dump changed
+        # (a whole-map blob of 4096 weights with their sketches was ~12 MB per commit)
+        self._prev: PerSeries[_Prev] = PerSeries(_Prev, cap=params.max_tensors)
 
     def compare(self, s: Sample, cur: dict[str, Any], prev: _Prev) -> dict[str, Any] | None:
         raise NotImplementedError
 
-    def state(self) -> Any:
-        """The open groups and every remembered weight (bounded by ``max_tensors``)."""
-        return {"open": super().state(),
-                "prev": OrderedDict((k, (p.step, p.stats, p.sketch)) for k, p in self._prev.items())}
-
-    def restore(self, data: Any) -> None:
-        if not isinstance(data, dict) or not isinstance(data.get("prev"), OrderedDict):
-            raise ValueError("expected open groups and previous weights")
-        prev: OrderedDict[tuple[Labels, str], _Prev] = OrderedDict()
-        for key, v in list(data["prev"].items())[-self.params.max_tensors:]:
-            if not (isinstance(key, tuple) and len(key) == 2 and isinstance(v, tuple) and len(v) == 3
-                    and isinstance(v[1], dict) and (v[2] is None or isinstance(v[2], np.ndarray))):
-                raise ValueError("malformed previous weight")
-            prev[key] = _Prev(v[0] if v[0] is None else int(v[0]), v[1], v[2])
-        super().restore(data.get("open"))
-        self._prev = prev
-
     def judge(self, s: Sample, role: Role) -> dict[str, Any] | None:
-        key = (s.labels, str(s.attr("tensor", "")))
+        key = s.labels + ((_TENSOR, str(s.attr("tensor", ""))),)
         cur = {k: s.attr(k) for k in _STATS}
         sk = s.attr("sketch")
-        prev = self._prev.get(key)
         step = dump_step(s)
-        if prev is not None and step is not None and prev.step is not None and step <= prev.step:
+        seen = self._prev.peek(key)
+        if seen is not None and step is not None and seen.step is not None and step <= seen.step:
             return None  # the same or an older step again (a rescan): nothing to compare
-        self._prev[key] = _Prev(step, cur, sk if isinstance(sk, np.ndarray) else None)
-        self._prev.move_to_end(key)
-        while len(self._prev) > self.params.max_tensors:
-            self._prev.popitem(last=False)
+        prev = None if seen is None else _Prev(seen.step, seen.stats, seen.sketch)
+        rec = self._prev.get(key)  # most recently seen; the least recently seen go past the cap
+        rec.step, rec.stats, rec.sketch = step, cur, sk if isinstance(sk, np.ndarray) else None
         if prev is None or prev.stats.get("count") != cur["count"]:
             return None  # first sighting, or the shape changed (another tensor under the same name)
         ev = self.compare(s, cur, prev)
