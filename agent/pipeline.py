@@ -202,14 +202,21 @@ class MemoryBook:
         old = {key: (dig, r.detector) for r, key, dig in self.entries}
         self.entries = [(r, key, digest(r)) for r, key in rule_keys(rules)]
         edited = []
+        kept: set[str] = set()
         for r, key, dig in self.entries:
             prev = old.get(key)
-            if prev is None or prev[1] is r.detector:
+            if prev is None:
                 continue
-            if prev[0] == dig and type(prev[1]) is type(r.detector):
-                vars(r.detector).update(vars(prev[1]))
+            if prev[1] is r.detector or (prev[0] == dig and type(prev[1]) is type(r.detector)):
+                if prev[1] is not r.detector:
+                    vars(r.detector).update(vars(prev[1]))
+                kept.add(key)
             else:
                 edited.append(r)
+        # rows of rules that are new, edited or removed are deleted by the prune: forget what was
+        # written for them, or a new record equal to an old one would be skipped and never stored
+        self._written = {w: h for w, h in self._written.items() if w[0] in kept}
+        self._failed &= kept
         self._prune = True
         return edited
 
@@ -300,7 +307,8 @@ class MemoryBook:
             if key in self.extra:
                 try:
                     self.extra[key][1](decode(loads(rs[-1][4])))
-                except (CodecError, ValueError, TypeError, KeyError) as exc:
+                except (CodecError, ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError,
+                        RecursionError) as exc:
                     self.errors.append(f"stored memory {key} is unreadable ({exc}); ignored")
                 continue
             if key not in by_key:
@@ -311,7 +319,8 @@ class MemoryBook:
                 continue
             try:
                 self._restore(rule.detector, rs)
-            except (CodecError, ValueError, TypeError, KeyError, AttributeError, IndexError, RecursionError) as exc:
+            except (CodecError, ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError,
+                    RecursionError) as exc:
                 fresh = type(rule.detector)(rule.detector.params)
                 vars(rule.detector).clear()
                 vars(rule.detector).update(vars(fresh))

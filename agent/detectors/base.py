@@ -141,8 +141,8 @@ class PerSeries(Generic[V]):
         """Put back a persisted entry (most recently seen last), within the cap."""
         self._d[labels] = value
         self._d.move_to_end(labels)
-        while len(self._d) > self._cap:
-            self._d.popitem(last=False)
+        while len(self._d) > self._cap:  # e.g. the cap was lowered: those rows go at the next commit
+            self._forget(self._d.popitem(last=False)[0])
 
     def persisted(self) -> None:
         """Everything noted so far is in the store."""
