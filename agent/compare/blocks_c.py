@@ -70,7 +70,7 @@ def block_range(mod: ModuleType, kind: int | None, raw: np.ndarray) -> Range | N
         return None
     try:
         return mod.range(aligned(raw, 0), kind)
-    except ValueError:
+    except (ValueError, BufferError):
         return None
 
 
@@ -83,7 +83,7 @@ def general(mod: ModuleType, kx: int | None, ky: int | None, xr: np.ndarray, yr:
     try:
         r = mod.block(aligned(xr, 0), aligned(yr, 1), kx, ky, acc.first_diff is None, acc.mad,
                       None if kld is None else kld.params(off))
-    except ValueError:
+    except (ValueError, BufferError):
         return None
     if r is None:
         return None
@@ -114,7 +114,7 @@ def identical(mod: ModuleType, kind: int | None, xr: np.ndarray, yr: np.ndarray)
         return True
     try:
         r = mod.same(aligned(xr, 0), aligned(yr, 1), kind)
-    except ValueError:
+    except (ValueError, BufferError):
         return True
     return False if r is None else r
 
@@ -126,7 +126,7 @@ def same_terms(mod: ModuleType, kind: int | None, raw: np.ndarray, kld: Kld, off
     try:
         a = aligned(raw, 0)
         r = mod.block(a, a, kind, kind, False, math.inf, kld.params(off))
-    except ValueError:
+    except (ValueError, BufferError):
         return False
     if r is None:
         return False
@@ -228,7 +228,7 @@ def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, ac
         if off not in todo:
             try:
                 t = mod.terms(aligned(xr, 0), aligned(yr, 1), kx, ky, kld.params(off))
-            except ValueError:
+            except (ValueError, BufferError):
                 t = None
             if t is None:
                 return False
