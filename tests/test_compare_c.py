@@ -19,11 +19,25 @@ ALL = METRIC_NAMES + RATIO_NAMES
 
 
 @pytest.fixture(scope="module")
-def cmod():
+def cmod_any():
     if not kernels.built("compare"):
         assert os.environ.get("CI") != "true", "the C compare kernel must be built in CI"
         pytest.skip("C compare kernel not built")
     return kernels._import("compare")
+
+
+@pytest.fixture(params=["avx512", "portable"])
+def cmod(request, cmod_any):
+    """The kernel, once on each set of loops this CPU can run (AVX-512 where it has it; the
+    portable GNU C vector loops everywhere)."""
+    if request.param not in cmod_any.isas():
+        pytest.skip(f"this CPU or build has no {request.param} loops")
+    before = cmod_any.isa()
+    cmod_any.set_isa(request.param)
+    try:
+        yield cmod_any
+    finally:
+        cmod_any.set_isa(before)
 
 
 def both(*args, **kw):
@@ -229,7 +243,8 @@ def test_threads_compare_at_once(cmod):
 
 @pytest.mark.parametrize("n", [1, 7, 520, 4096 + 5, 40_003])
 def test_kld_terms_pass_matches_the_one_pass_block(cmod, n):
-    """Pass 2's kernel (terms) gives the one-pass block's KLD partials bit for bit, with far
+    """Pass 2's kernel (terms) gives the one-pass block's KLD partials (bit for bit on the
+    portable loops), with far
     terms (|w| beyond the series) in one chunk, in the tail, and in more chunks than it records;
     pass 1's ranges are the blocks' min and max."""
     x, y = _pair(n, 11)
@@ -237,13 +252,16 @@ def test_kld_terms_pass_matches_the_one_pass_block(cmod, n):
     y[-1] = lo                       # far: p is not near q = 0 (clamped)
     y[n // 2] = lo
     for v in (y, (y * np.float32(-1.5)).astype(np.float32)):   # the second: far nearly everywhere
-        hi = max(float(x.max()), float(v.max()))
+        hi, lo_v = max(float(x.max()), float(v.max())), min(lo, float(v.min()))
         for clamps in (True, False):
-            sh, sc = (lo, 1 / (hi - lo + 1)) if clamps else (lo - 1, 1 / (hi - lo + 2))
+            sh, sc = (lo_v, 1 / (hi - lo_v + 1)) if clamps else (lo_v - 1, 1 / (hi - lo_v + 2))
             p = (sh, sc, sh, sc, clamps)   # not clamps: every p, q >= 1/(hi - lo + 2)
             one = cmod.block(x, v, 0, 0, True, 0.0, p)
-            assert cmod.terms(x, v, 0, 0, p) == one[15:18]
-            assert cmod.block(x, v, 0, 0, True, 0.0, None)[18:] == (
+            if clamps or cmod.isa() == "portable":
+                assert cmod.terms(x, v, 0, 0, p) == one[15:21]
+            else:   # AVX-512's pass 2: the same terms, its own rounding (_comparec512.c)
+                assert cmod.terms(x, v, 0, 0, p) == pytest.approx(one[15:21], rel=1e-9)
+            assert cmod.block(x, v, 0, 0, True, 0.0, None)[21:] == (
                 float(x.min()), float(x.max()), float(v.min()), float(v.max()))
 
 
@@ -251,13 +269,25 @@ def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
     """A float32 pair's KLD comes from pass 2 (terms), once per differing block; a float16 pair
     keeps the pre-pass flow; a NaN block makes the float32 pair start again on that flow."""
     calls = []
-    real = cmod.terms
+    real, real_blocks = cmod.terms, cmod.terms_blocks
+
+    def blocks(*a):
+        rows = real_blocks(*a)
+        calls.extend(1 for r in rows or () if r is not None)
+        return rows
     monkeypatch.setattr(cmod, "terms", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(cmod, "terms_blocks", blocks)
     x, y = _pair(10_000, 12)
-    y[:2048] = x[:2048]              # two identical blocks: no terms call for them
+    y[:2048] = x[:2048]              # two identical blocks: no terms for them
     with kernels.forced("c"):
         a = compare_arrays(x, y, block_elems=1024)
         assert len(calls) == 8
+        calls.clear()
+        # a misaligned tensor (a zip member's data) takes the kernel block by block, the same
+        off = np.frombuffer(memoryview(np.empty(x.nbytes + 8, np.uint8))[2:2 + x.nbytes], np.float32)
+        off[:] = x
+        assert not off.flags.aligned
+        assert compare_arrays(off, y, block_elems=1024) == a and len(calls) == 8
         calls.clear()
         compare_arrays(x.astype(np.float16), y.astype(np.float16), block_elems=1024)
         assert not calls

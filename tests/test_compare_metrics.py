@@ -22,15 +22,27 @@ from precision_agent.model import TensorStats
 EPS = np.finfo(float).eps
 
 
-@pytest.fixture(autouse=True, params=["numpy", "c"])
+@pytest.fixture(autouse=True, params=["numpy", "c", "c-portable"])
 def kernel_mode(request):
-    """Every test here runs on both block kernels: numpy's and the compiled one (which must be
-    built in CI)."""
-    if request.param == "c" and not kernels.built("compare"):
+    """Every test here runs on every block kernel: numpy's and the compiled one (which must be
+    built in CI), the latter with the loops this CPU picks and, where that is AVX-512, once more
+    on the portable loops that other CPUs run."""
+    mode, _, isa = request.param.partition("-")
+    if mode == "c" and not kernels.built("compare"):
         assert os.environ.get("CI") != "true", "the C compare kernel must be built in CI"
         pytest.skip("C compare kernel not built")
-    with kernels.forced(request.param):
-        yield request.param
+    cmod = kernels._import("compare") if mode == "c" else None
+    if isa and cmod.isa() == isa:
+        pytest.skip("the portable loops are what this CPU runs anyway (the 'c' case)")
+    before = cmod.isa() if cmod is not None else None
+    if isa:
+        cmod.set_isa(isa)
+    try:
+        with kernels.forced(mode):
+            yield request.param
+    finally:
+        if cmod is not None:
+            cmod.set_isa(before)
 EPS32 = float(np.finfo(np.float32).eps)
 ALL = METRIC_NAMES + RATIO_NAMES
 
@@ -415,6 +427,23 @@ def test_kld_clamp_and_constant_sides(block):
     tiny = y.copy()
     tiny[::97] = tiny.min()                      # many elements at the clamp, in every block
     check(x, tiny, block=block)
+
+
+@pytest.mark.parametrize("block", [2, 4096])
+def test_kld_of_sides_far_apart_in_magnitude(block):
+    """Constant sides are left as is, so 1.5 against 1.17e13 gives a/b ~ 1e-13 and Σb/Σa ~ 1e13:
+    each far term's b·g(w) is ~b, and the close-sides form G/Σa + log1p(e) − e cancelled two
+    1e13-sized numbers to -0.00098 (a hypothesis find). Uniform against uniform is 0."""
+    for n in (1, 9, 5000):
+        x = np.full(n, 1.5, np.float32)
+        y = np.full(n, 1.170996e13, np.float32)
+        for a, b in ((x, y), (y, x)):
+            check(a if n > 1 else a.reshape(()), b if n > 1 else b.reshape(()), block=block)
+            assert abs(compare_arrays(a, b, block_elems=block).metrics["KullbackLeiblerDivergence"]) < 1e-12
+    rng = np.random.default_rng(3)
+    z = (rng.random(5000) + 1).astype(np.float32)
+    check(z, np.full(5000, 1e12, np.float32), block=block)    # one side spread, one far above
+    check(np.full(5000, 1e-3, np.float32), z * np.float32(1e9), block=block)
 
 
 @pytest.mark.parametrize("block", [5, 2048, DEFAULT_BLOCK])

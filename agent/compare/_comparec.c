@@ -10,11 +10,6 @@
  * A block holding NaN/Inf gives None: the caller's numpy path applies the NaN/Inf policy.
  * No -ffast-math: the NaN tests and the ratio thresholds depend on IEEE comparisons.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
 
 #if !defined(__GNUC__)
 #error "_comparec needs GCC or clang vector extensions (the build is optional: numpy runs instead)"
@@ -29,13 +24,8 @@
 #define CLONES
 #endif
 
-#define K_F32 0
-#define K_F16 1
-#define K_BF16 2
 
-static const double EPS64 = 2.220446049250313e-16;     /* np.finfo(float).eps = 2^-52 */
-static const double EPS32 = 1.1920928955078125e-07;    /* np.finfo(np.float32).eps = 2^-23 */
-static const double R1 = 0.001, R5 = 0.005;            /* msprobe's error-ratio thresholds */
+#include "_comparec.h"
 
 /* -- words to float32 values ------------------------------------------------------------------ */
 static inline float f_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -57,7 +47,6 @@ static inline double load(const void *p, Py_ssize_t i, int kind) {
     return (double)f_bits((uint32_t)w << 16);
 }
 
-static const double LN2 = 0.6931471805599453;
 
 /* -- argument checking --------------------------------------------------------------------------- */
 static int item_size(int kind) { return kind == K_F32 ? 4 : 2; }
@@ -186,8 +175,6 @@ static PyObject *py_range(PyObject *self, PyObject *args) {
 /* -- the main pass ------------------------------------------------------------------------------
  * GCC/clang vector extensions, eight float64 lanes (zmm with AVX-512, two ymm with AVX2, four
  * xmm otherwise: the same lanes and order, so the same sums, on every CPU). */
-typedef double v8d __attribute__((vector_size(64)));
-typedef long long v8l __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
 typedef unsigned int v8u __attribute__((vector_size(32)));
@@ -195,7 +182,6 @@ typedef unsigned int v8u __attribute__((vector_size(32)));
 static inline __attribute__((always_inline)) v8d sel(v8l m, v8d a, v8d b) { return (v8d)((m & (v8l)a) | (~m & (v8l)b)); }
 static inline __attribute__((always_inline)) v8f self(v8i m, v8f a, v8f b) { return (v8f)((m & (v8i)a) | (~m & (v8i)b)); }
 static inline __attribute__((always_inline)) v8d vabs(v8d v) { return (v8d)((v8l)v & 0x7fffffffffffffffLL); }
-static inline __attribute__((always_inline)) v8d splat(double v) { return (v8d){v, v, v, v, v, v, v, v}; }
 
 /* Eight words as float32 values. */
 static inline __attribute__((always_inline)) v8f vloadf(const void *p, Py_ssize_t i, int kind) {
@@ -224,37 +210,10 @@ static inline __attribute__((always_inline)) v8d vload(const void *p, Py_ssize_t
     return widen(vloadf(p, i, kind));
 }
 
-/* log(p/q) for p, q >= float32 eps (both normal): q is scaled by 2^k, k the nearest integer to
- * log2(p/q) read off the bit patterns (their difference over 2^52 is log2 within 0.09), so
- * p/q' lies in [0.66, 1.51]; then log(p/q') = 2·atanh(s), s = (p − q')/(p + q') (p − q' is exact
- * there, |s| <= 0.21), by its series to s^23 (2^-53 relative). One division, no table, and for
- * p/q near 1 the result is accurate relative to its own tiny value (KLD of close tensors is a
- * sum of such terms). */
-static inline __attribute__((always_inline)) v8d log_ratio(v8d p, v8d q) {
-    v8l k = (((v8l)p - (v8l)q) + (1LL << 51)) >> 52;
-    v8d q2 = (v8d)((v8l)q + (k << 52));
-    v8d s = (p - q2) / (p + q2);
-    v8d w = s * s, w2 = w * w, w4 = w2 * w2, w8 = w4 * w4;   /* Estrin: a short dependency chain */
-    v8d c01 = 1.0 / 3 + w * (1.0 / 5), c23 = 1.0 / 7 + w * (1.0 / 9), c45 = 1.0 / 11 + w * (1.0 / 13);
-    v8d c67 = 1.0 / 15 + w * (1.0 / 17), c89 = 1.0 / 19 + w * (1.0 / 21);
-    v8d c0_3 = c01 + w2 * c23, c4_7 = c45 + w2 * c67, c8_10 = c89 + w2 * (1.0 / 23);
-    v8d c = (c0_3 + w4 * c4_7) + w8 * c8_10;
-    v8d at = s + s * (w * c);
-    /* k to float64 without a scalar convert: |k| < 2^51 sits in the mantissa of 2^52 + 2^51 */
-    v8d kd = (v8d)(k + 0x4338000000000000LL) - 6755399441055744.0;
-    return kd * LN2 + 2.0 * at;
-}
 
-typedef struct { double shx, scx, shy, scy; } KldP;
-enum { FCH = 512, NFAR = 32 };                  /* far-term chunks: elements, most recorded */
 
 typedef struct {
-    double sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g, lox, hix, loy, hiy;
-    int64_t c1, c5, differ;
-} Sums;
-
-typedef struct {
-    v8d sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g;
+    v8d sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g, tf, pf, qf;
     v8f lox, hix, loy, hiy;                     /* ranges: exact in float32, half the width */
     v8l c1, c5, ne, far;
 } Lanes;
@@ -266,8 +225,6 @@ typedef struct {
  * w⁷ for |w| <= 1/32 (3e-11) where a side is bfloat16, whose rounding alone reaches 1/128. A
  * block with a larger |w| somewhere gets a second loop for those terms, a·log(a/b) − (a − b)
  * with the full log (cancellation costs at most a factor 64 of 2^-53). */
-#define W_BF16 0.03125
-#define W_OTHER 0.0078125
 static inline __attribute__((always_inline)) v8d g_small(v8d w, int wide) {
     if (!wide) return (w * w) * (0.5 + w * (-1.0 / 6 + w * (1.0 / 12 + w * (-1.0 / 20))));
     v8d c = 1.0 / 12 + w * (-1.0 / 20 + w * (1.0 / 30 + w * (-1.0 / 42)));
@@ -312,8 +269,8 @@ step(Lanes *a, v8f xf, v8f yf, v8l valid, int metrics, int kld, int wide, const 
         v8d w = (p - q) / q;                    /* p − q exact where |w| <= 1/32 (Sterbenz) */
         v8l far = vabs(w) > (wide ? W_BF16 : W_OTHER);   /* their terms: far_terms' loop */
         a->far |= far;
-        a->sa += (v8d)((v8l)p & valid);
-        a->sb += (v8d)((v8l)q & valid);
+        a->sa += (v8d)((v8l)p & valid & ~far);
+        a->sb += (v8d)((v8l)q & valid & ~far);
         a->g += (v8d)((v8l)(q * g_small(w, wide)) & valid & ~far);
     }
 }
@@ -334,7 +291,9 @@ far_terms(Lanes *a, v8d x, v8d y, v8l valid, int wide, const KldP *kp) {
     p = sel(valid, sel(p < EPS32, splat(EPS32), p), splat(1.0));
     q = sel(valid, sel(q < EPS32, splat(EPS32), q), splat(1.0));
     v8l far = (vabs((p - q) / q) > (wide ? W_BF16 : W_OTHER)) & valid;
-    a->g += (v8d)((v8l)(p * log_ratio(p, q) - (p - q)) & far);
+    a->tf += (v8d)((v8l)(p * log_ratio(p, q)) & far);
+    a->pf += (v8d)((v8l)p & far);
+    a->qf += (v8d)((v8l)q & far);
 }
 
 static inline __attribute__((always_inline)) void
@@ -383,6 +342,7 @@ block_body(const void *px, const void *py, Py_ssize_t n, int kx, int ky, int met
         o->sx += a.sx[j]; o->sy += a.sy[j]; o->sxx += a.sxx[j]; o->syy += a.syy[j];
         o->sxy += a.sxy[j]; o->sdd += a.sdd[j]; o->sad += a.sad[j]; o->srel += a.srel[j];
         o->sa += a.sa[j]; o->sb += a.sb[j]; o->g += a.g[j];
+        o->tf += a.tf[j]; o->pf += a.pf[j]; o->qf += a.qf[j];
         o->c1 += a.c1[j]; o->c5 += a.c5[j]; o->differ += a.ne[j];
         o->mrel = a.mrel[j] > o->mrel ? a.mrel[j] : o->mrel;
         o->mad = a.mad[j] > o->mad ? a.mad[j] : o->mad;
@@ -412,11 +372,51 @@ static Py_ssize_t first_diff(const void *px, const void *py, Py_ssize_t n, int k
     return -1;
 }
 
-/* Index of the first pair at distance `mad` (run only when the block holds a new maximum). */
-static Py_ssize_t first_at(const void *px, const void *py, Py_ssize_t n, int kx, int ky, double mad) {
-    for (Py_ssize_t i = 0; i < n; i++)
+/* Index of the first pair at distance `mad` (run only when the block holds a new maximum: for
+ * data whose errors grow along the tensor, every block; the block is still in cache, and eight
+ * pairs a step keep this rescan a fraction of the main pass). */
+#define FIRST_AT(KX, KY)                                                                      \
+    for (; i + 8 <= n; i += 8) {                                                              \
+        v8l hit = vabs(vload(px, i, KX) - vload(py, i, KY)) == m;                             \
+        long long any = 0;                                                                    \
+        for (int j = 0; j < 8; j++) any |= hit[j];                                            \
+        if (any) break;                                                                       \
+    }
+CLONES static Py_ssize_t first_at(const void *px, const void *py, Py_ssize_t n, int kx, int ky, double mad) {
+    Py_ssize_t i = 0;
+    const v8d m = splat(mad);
+    if (kx == K_F32 && ky == K_F32) { FIRST_AT(K_F32, K_F32) }
+    else if (kx == K_F16 && ky == K_F16) { FIRST_AT(K_F16, K_F16) }
+    else if (kx == K_BF16 && ky == K_BF16) { FIRST_AT(K_BF16, K_BF16) }
+    else { FIRST_AT(kx, ky) }
+    for (; i < n; i++)                          /* the step that hit, or the tail */
         if (fabs(load(px, i, kx) - load(py, i, ky)) == mad) return i;
     return -1;
+}
+
+/* Whether block() and terms() take the AVX-512 loops of _comparec512.c (set at load time where
+ * the CPU has them; isa()/set_isa() for the tests, which run both). */
+static int use512 = 0;
+
+static PyObject *py_isa(PyObject *self, PyObject *args) {
+    return PyUnicode_FromString(use512 ? "avx512" : "portable");
+}
+
+static PyObject *py_set_isa(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    if (strcmp(name, "portable") == 0) use512 = 0;
+    else if (strcmp(name, "avx512") == 0 && c512_usable()) use512 = 1;
+    else {
+        PyErr_Format(PyExc_ValueError, "isa %R: not 'portable', nor 'avx512' on a CPU and build that have it",
+                     PyTuple_GET_ITEM(args, 0));
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_isas(PyObject *self, PyObject *args) {
+    return c512_usable() ? Py_BuildValue("(ss)", "avx512", "portable") : Py_BuildValue("(s)", "portable");
 }
 
 static PyObject *py_block(PyObject *self, PyObject *args) {
@@ -437,7 +437,8 @@ static PyObject *py_block(PyObject *self, PyObject *args) {
     Py_ssize_t fd = -1, mi = -1;
     int finite;
     Py_BEGIN_ALLOW_THREADS
-    BLOCKS[kld][kx][ky](vx.buf, vy.buf, n, &kp, &s);
+    if (kld == 0 && use512) c512_block(kx, ky, vx.buf, vy.buf, n, &s);
+    else BLOCKS[kld][kx][ky](vx.buf, vy.buf, n, &kp, &s);
     finite = isfinite(s.sx) && isfinite(s.sy);   /* any NaN/Inf makes a float64 sum non-finite */
     if (finite && want_first && s.differ) fd = first_diff(vx.buf, vy.buf, n, kx, ky);
     if (finite && s.mad > mad_floor) mi = first_at(vx.buf, vy.buf, n, kx, ky, s.mad);
@@ -445,29 +446,34 @@ static PyObject *py_block(PyObject *self, PyObject *args) {
     PyBuffer_Release(&vx);
     PyBuffer_Release(&vy);
     if (!finite) Py_RETURN_NONE;                 /* NaN/Inf: numpy's policy path */
-    return Py_BuildValue("(dddddddddndnnnnddddddd)", s.sx, s.sy, s.sxx, s.syy, s.sxy, s.sdd, s.sad,
+    return Py_BuildValue("(dddddddddndnnnndddddddddd)", s.sx, s.sy, s.sxx, s.syy, s.sxy, s.sdd, s.sad,
                          s.srel, s.mad, mi, s.mrel, (Py_ssize_t)s.c1, (Py_ssize_t)s.c5,
-                         (Py_ssize_t)s.differ, fd, s.sa, s.sb, s.g, s.lox, s.hix, s.loy, s.hiy);
+                         (Py_ssize_t)s.differ, fd, s.sa, s.sb, s.g, s.tf, s.pf, s.qf,
+                         s.lox, s.hix, s.loy, s.hiy);
 }
 
-/* KLD's terms of a block whose metrics pass 1 took (and found finite): (Σa, Σb, G). */
+/* KLD's terms of a block whose metrics pass 1 took (and found finite): (Σa, Σb, G) of the near
+ * terms and (Σ a·log(a/b), Σa, Σb) of the far ones (Sums). sums=False: the caller needs no
+ * near Σa, Σb (it derives them), and the loops may leave them 0. */
 static PyObject *py_terms(PyObject *self, PyObject *args) {
     PyObject *ox, *oy, *okld;
-    int kx, ky, clamps = 1;
+    int kx, ky, clamps = 1, sums = 1;
     KldP kp;
-    if (!PyArg_ParseTuple(args, "OOiiO!", &ox, &oy, &kx, &ky, &PyTuple_Type, &okld)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOiiO!|p", &ox, &oy, &kx, &ky, &PyTuple_Type, &okld, &sums)) return NULL;
     if (!PyArg_ParseTuple(okld, "dddd|p", &kp.shx, &kp.scx, &kp.shy, &kp.scy, &clamps)) return NULL;
     Py_buffer vx, vy;
     Py_ssize_t n = get_pair(ox, oy, kx, ky, &vx, &vy);
     if (n < 0) return NULL;
     Sums s;
     Py_BEGIN_ALLOW_THREADS
-    TERMS[clamps ? 0 : 1][kx][ky](vx.buf, vy.buf, n, &kp, &s);
+    if (!clamps && use512) c512_terms(kx, ky, vx.buf, vy.buf, n, &kp, sums, &s);
+    else TERMS[clamps ? 0 : 1][kx][ky](vx.buf, vy.buf, n, &kp, &s);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&vx);
     PyBuffer_Release(&vy);
-    if (!(isfinite(s.sa) && isfinite(s.sb) && isfinite(s.g))) Py_RETURN_NONE;
-    return Py_BuildValue("(ddd)", s.sa, s.sb, s.g);
+    if (!(isfinite(s.sa) && isfinite(s.sb) && isfinite(s.g) && isfinite(s.tf) && isfinite(s.pf)
+          && isfinite(s.qf))) Py_RETURN_NONE;
+    return Py_BuildValue("(dddddd)", s.sa, s.sb, s.g, s.tf, s.pf, s.qf);
 }
 
 /* -- identical blocks ------------------------------------------------------------------------------
@@ -516,6 +522,122 @@ static PyObject *py_same(PyObject *self, PyObject *args) {
     return Py_BuildValue("(dd)", s, q);
 }
 
+/* -- every block of a tensor in one call ---------------------------------------------------------
+ * The two passes of blocks_c.two_pass over whole tensors (C-contiguous, aligned): the same
+ * kernels as block(), same() and terms(), block after block, the GIL released for each, with
+ * the per-block bookkeeping in C rather than ~10 µs of Python per block. */
+static PyObject *block_tuple(const Sums *s, Py_ssize_t mi, Py_ssize_t fd) {
+    return Py_BuildValue("(dddddddddndnnnndddddddddd)", s->sx, s->sy, s->sxx, s->syy, s->sxy, s->sdd,
+                         s->sad, s->srel, s->mad, mi, s->mrel, (Py_ssize_t)s->c1, (Py_ssize_t)s->c5,
+                         (Py_ssize_t)s->differ, fd, s->sa, s->sb, s->g, s->tf, s->pf, s->qf,
+                         s->lox, s->hix, s->loy, s->hiy);
+}
+
+/* blocks(x, y, kx, ky, nb, check_same, want_first, mad_floor): per block of nb elements,
+ * (Σx, Σx²) where check_same and its bytes are equal on both sides, else block()'s tuple for
+ * kld=None (want_first until a block gives a first difference; the index of the largest |x − y|
+ * where it exceeds mad_floor and every earlier block's); the list ends with None at a block
+ * holding NaN/Inf. */
+static PyObject *py_blocks(PyObject *self, PyObject *args) {
+    PyObject *ox, *oy;
+    int kx, ky, check_same, want_first;
+    Py_ssize_t nb;
+    double mad_floor;
+    if (!PyArg_ParseTuple(args, "OOiinppd", &ox, &oy, &kx, &ky, &nb, &check_same, &want_first, &mad_floor))
+        return NULL;
+    if (nb <= 0) { PyErr_SetString(PyExc_ValueError, "block size must be positive"); return NULL; }
+    Py_buffer vx, vy;
+    Py_ssize_t n = get_pair(ox, oy, kx, ky, &vx, &vy);
+    if (n < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    size_t isx = (size_t)item_size(kx), isy = (size_t)item_size(ky);
+    for (Py_ssize_t off = 0; out && off < n; off += nb) {
+        Py_ssize_t m = n - off < nb ? n - off : nb;
+        const char *bx = (const char *)vx.buf + off * isx, *by = (const char *)vy.buf + off * isy;
+        PyObject *item;
+        int eq = 0, finite = 1;
+        double ss = 0.0, sq = 0.0;
+        Sums s;
+        Py_ssize_t fd = -1, mi = -1;
+        Py_BEGIN_ALLOW_THREADS
+        if (check_same && kx == ky) eq = same_sums(bx, by, m, kx, &ss, &sq);
+        if (!eq) {
+            if (use512) c512_block(kx, ky, bx, by, m, &s);
+            else BLOCKS[0][kx][ky](bx, by, m, NULL, &s);
+            finite = isfinite(s.sx) && isfinite(s.sy);
+            if (finite && want_first && s.differ) fd = first_diff(bx, by, m, kx, ky);
+            if (finite && s.mad > mad_floor) mi = first_at(bx, by, m, kx, ky, s.mad);
+        }
+        Py_END_ALLOW_THREADS
+        if (eq) item = Py_BuildValue("(dd)", ss, sq);
+        else if (!finite) item = Py_NewRef(Py_None);
+        else {
+            item = block_tuple(&s, mi, fd);
+            want_first = want_first && fd < 0;
+            mad_floor = s.mad > mad_floor ? s.mad : mad_floor;
+        }
+        if (!item || PyList_Append(out, item) < 0) Py_CLEAR(out);
+        Py_XDECREF(item);
+        if (!finite) break;
+    }
+    PyBuffer_Release(&vx);
+    PyBuffer_Release(&vy);
+    return out;
+}
+
+/* terms_blocks(x, y, kx, ky, nb, (shx, scx, shy, scy), flags): terms() of every block whose flag
+ * byte (one per block) has bit 0 clear, with bit 1 "reaches the clamp" and bit 2 "sums" (else
+ * None in its place); None instead of the list if a block's terms are not finite. */
+static PyObject *py_terms_blocks(PyObject *self, PyObject *args) {
+    PyObject *ox, *oy;
+    int kx, ky;
+    Py_ssize_t nb;
+    KldP kp;
+    Py_buffer fl;
+    if (!PyArg_ParseTuple(args, "OOiin(dddd)y*", &ox, &oy, &kx, &ky, &nb, &kp.shx, &kp.scx, &kp.shy,
+                          &kp.scy, &fl))
+        return NULL;
+    Py_buffer vx, vy;
+    Py_ssize_t n = nb > 0 ? get_pair(ox, oy, kx, ky, &vx, &vy) : -1;
+    if (n < 0 || fl.len != (n + nb - 1) / nb) {
+        if (n >= 0) { PyBuffer_Release(&vx); PyBuffer_Release(&vy); }
+        PyBuffer_Release(&fl);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "one flag byte per block, blocks of a positive size");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    size_t isx = (size_t)item_size(kx), isy = (size_t)item_size(ky);
+    for (Py_ssize_t off = 0, k = 0; out && off < n; off += nb, k++) {
+        unsigned char f = ((const unsigned char *)fl.buf)[k];
+        PyObject *item;
+        if (f & 1) {
+            item = Py_NewRef(Py_None);
+        } else {
+            Py_ssize_t m = n - off < nb ? n - off : nb;
+            const char *bx = (const char *)vx.buf + off * isx, *by = (const char *)vy.buf + off * isy;
+            int clamps = (f & 2) != 0;
+            Sums s;
+            Py_BEGIN_ALLOW_THREADS
+            if (!clamps && use512) c512_terms(kx, ky, bx, by, m, &kp, (f & 4) != 0, &s);
+            else TERMS[clamps ? 0 : 1][kx][ky](bx, by, m, &kp, &s);
+            Py_END_ALLOW_THREADS
+            if (!(isfinite(s.sa) && isfinite(s.sb) && isfinite(s.g) && isfinite(s.tf) && isfinite(s.pf)
+                  && isfinite(s.qf))) {
+                Py_CLEAR(out);
+                out = Py_NewRef(Py_None);
+                break;
+            }
+            item = Py_BuildValue("(dddddd)", s.sa, s.sb, s.g, s.tf, s.pf, s.qf);
+        }
+        if (!item || PyList_Append(out, item) < 0) Py_CLEAR(out);
+        Py_XDECREF(item);
+    }
+    PyBuffer_Release(&vx);
+    PyBuffer_Release(&vy);
+    PyBuffer_Release(&fl);
+    return out;
+}
+
 static PyObject *py_log_ratio(PyObject *self, PyObject *args) {
     double p, q;
     if (!PyArg_ParseTuple(args, "dd", &p, &q)) return NULL;
@@ -532,9 +654,16 @@ static PyMethodDef METHODS[] = {
     {"block", py_block, METH_VARARGS,
      "block(x, y, kx, ky, want_first, mad_floor, kld) -> every partial of a differing block, or None on NaN/Inf"},
     {"terms", py_terms, METH_VARARGS,
-     "terms(x, y, kx, ky, kld) -> KLD's (sum a, sum b, G) of a finite block, or None"},
+     "terms(x, y, kx, ky, kld, sums=True) -> KLD's near (sum a, sum b, G) and far (sum a log(a/b), sum a, sum b) of a finite block, or None"},
     {"same", py_same, METH_VARARGS,
      "same(x, y, kind) -> (sum, sum of squares) when the bytes are equal, else None"},
+    {"isa", py_isa, METH_NOARGS, "isa() -> 'avx512' or 'portable': the loops block() and terms() run"},
+    {"isas", py_isas, METH_NOARGS, "isas() -> the isa names this CPU and build can run, fastest first"},
+    {"set_isa", py_set_isa, METH_VARARGS, "set_isa(name): run block() and terms() on those loops"},
+    {"blocks", py_blocks, METH_VARARGS,
+     "blocks(x, y, kx, ky, nb, check_same, want_first, mad_floor) -> pass 1 of every block (list)"},
+    {"terms_blocks", py_terms_blocks, METH_VARARGS,
+     "terms_blocks(x, y, kx, ky, nb, (shx, scx, shy, scy), flags) -> pass 2 of every block (list), or None"},
     {"log_ratio", py_log_ratio, METH_VARARGS, "log_ratio(p, q): the kernel's log(p/q) (for its accuracy test)"},
     {NULL, NULL, 0, NULL}};
 
@@ -543,5 +672,6 @@ static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_comparec",
                                     NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__comparec(void) {
+    use512 = c512_usable();
     return PyModule_Create(&MODULE);
 }

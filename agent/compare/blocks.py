@@ -250,19 +250,23 @@ class Kld:
         self.sa: list[float] = []
         self.sb: list[float] = []
         self.t: list[float] = []
-        self.ca: list[float] = []   # the C kernel's blocks: Σa, Σb, G
-        self.cb: list[float] = []
+        self.ca: list[float] = []   # the C kernel's blocks: Σa, Σb, G of the near terms,
+        self.cb: list[float] = []   # Σ a·log(a/b), Σa, Σb of the far ones
         self.g: list[float] = []
+        self.far: list[tuple[float, float, float]] = []
 
     def params(self, off: int) -> tuple[float, float, float, float, bool]:
         """(shift, scale) of each side and whether block ``off`` may reach the clamp, as the C
         kernel takes them (it skips the clamp where it cannot bite)."""
         return self.shift[0], self.scale[0], self.shift[1], self.scale[1], self._clamps(off)
 
-    def add_g(self, sa: float, sb: float, g: float) -> None:
-        """One block's Σa, Σb and G = Σ a·log(a/b) − Σa + Σb from the C kernel, whose terms
-        b·g(w) >= 0 are second order in a − b (see _comparec.c): no cancellation in G."""
+    def add_g(self, sa: float, sb: float, g: float, tf: float, pf: float, qf: float) -> None:
+        """One block's partials from the C kernel: over the terms its series takes, Σa, Σb and
+        G = Σ a·log(a/b) − Σa + Σb, whose terms b·g(w) >= 0 are second order in a − b (see
+        _comparec.c): no cancellation in G; over the others, Σ a·log(a/b), Σa and Σb."""
         self.ca.append(sa), self.cb.append(sb), self.g.append(g)
+        if tf or pf or qf:
+            self.far.append((tf, pf, qf))
 
     def _clamps(self, off: int) -> bool:
         lx, ly = self.bmin[off]
@@ -299,6 +303,16 @@ class Kld:
         self.sa.append(sc[0] * s_u), self.sb.append(sc[1] * s_v)
         self.t.append(sc[0] * (t_u + s_u * self.log_s))
 
+    def totals(self, off: int, m: int, s_x: float, s_y: float) -> tuple[float, float] | None:
+        """(Σa, Σb) of a block that does not reach the clamp, from its Σx and Σy (pass 1's) where
+        cancellation allows, so that the C kernel's pass 2 need not sum them; else None."""
+        if self._clamps(off):
+            return None
+        s_u, s_v = self._shifted_sum(0, s_x, m), self._shifted_sum(1, s_y, m)
+        if s_u is None or s_v is None:
+            return None
+        return self.scale[0] * s_u, self.scale[1] * s_v
+
     def same_free(self, off: int, m: int, s: float) -> bool:
         """Add the terms of a block equal on both sides from its size and Σx alone, if it can:
         with one normalisation a == b there, so log(a/b) = 0 and only Σa counts."""
@@ -315,18 +329,20 @@ class Kld:
             self.block(off, a, b, w, s, s)
 
     def value(self) -> float:
-        """T/Sa + log(Sb/Sa); with C blocks, (G + Σ numpy blocks' T − Σa + Σb)/Sa + h, h =
-        log(Sb/Sa) + (Sa − Sb)/Sa = log1p(e) − e with e = (Sb − Sa)/Sa: the first-order parts
-        of T and of log(Sb/Sa), which cancel, are left out of both."""
-        if not self.g:
-            s_a, s_b = math.fsum(self.sa), math.fsum(self.sb)
-            kld = math.fsum(self.t) / s_a + math.log(s_b / s_a)
-            return 0.0 if abs(kld) < EPS else kld
-        s_a = math.fsum(self.sa + self.ca)
-        e = math.fsum(self.sb + self.cb + [-v for v in self.sa + self.ca]) / s_a
-        g = math.fsum(self.g + self.t + self.sb + [-v for v in self.sa])
-        s_b = math.fsum(self.sb + self.cb)  # log1p(e) loses 1 + e's bits as e nears -1
-        kld = g / s_a + ((math.log1p(e) if abs(e) < 0.5 else math.log(s_b / s_a)) - e)
+        """T/Sa + log(Sb/Sa). With C blocks and e = (Sb − Sa)/Sa small (close sides),
+        (G + Σ numpy blocks' T − Σa + Σb)/Sa + log1p(e) − e instead: the first-order parts of
+        T and of log(Sb/Sa), which cancel, are left out of both. Where e is not small, G and e
+        grow alike (a far term's b·g(w) nears b as a/b nears 0) and would cancel: there T is
+        summed from the near terms' G + Σa − Σb and the far terms' Σ a·log(a/b)."""
+        tf, pf, qf = (list(v) for v in zip(*self.far)) if self.far else ([], [], [])
+        s_a, s_b = math.fsum(self.sa + self.ca + pf), math.fsum(self.sb + self.cb + qf)
+        e = math.fsum(self.sb + self.cb + qf + [-v for v in self.sa + self.ca + pf]) / s_a
+        if not self.g or abs(e) >= 0.5:
+            t = math.fsum(self.t + self.g + self.ca + [-v for v in self.cb] + tf)
+            kld = t / s_a + math.log(s_b / s_a)
+        else:
+            g = math.fsum(self.g + self.t + self.sb + [-v for v in self.sa] + tf + qf + [-v for v in pf])
+            kld = g / s_a + (math.log1p(e) - e)
         return 0.0 if abs(kld) < EPS else kld
 
 

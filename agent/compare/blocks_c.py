@@ -75,9 +75,11 @@ def block_range(mod: ModuleType, kind: int | None, raw: np.ndarray) -> Range | N
 
 
 def general(mod: ModuleType, kx: int | None, ky: int | None, xr: np.ndarray, yr: np.ndarray,
-            off: int, acc: Acc, kld: Kld | None) -> tuple[Range, Range] | None:
+            off: int, acc: Acc, kld: Kld | None,
+            sums: dict[int, tuple[float, float]] | None = None) -> tuple[Range, Range] | None:
     """One differing block through the kernel: its ranges ((min, max) of x, of y); None when
-    numpy must take it (unsupported data, or NaN/Inf in the block)."""
+    numpy must take it (unsupported data, or NaN/Inf in the block). ``sums``: gets the block's
+    (Σx, Σy)."""
     if kx is None or ky is None or not (fits(xr) and fits(yr)):
         return None
     try:
@@ -87,9 +89,18 @@ def general(mod: ModuleType, kx: int | None, ky: int | None, xr: np.ndarray, yr:
         return None
     if r is None:
         return None
-    (sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mad_i, mrel, c1, c5, nd, fd, sa, sb, g,
+    return take(r, off, acc, kld, sums)
+
+
+def take(r: tuple, off: int, acc: Acc, kld: Kld | None,
+         sums: dict[int, tuple[float, float]] | None = None) -> tuple[Range, Range]:
+    """The kernel's partials of the differing block at ``off`` (block()'s tuple) into ``acc``
+    (and ``kld``, ``sums``); returns its ranges."""
+    (sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mad_i, mrel, c1, c5, nd, fd, *terms,
      lx, hx, ly, hy) = r
     acc.sx.append(sx), acc.sy.append(sy)
+    if sums is not None:
+        sums[off] = (sx, sy)
     acc.sxx.append(sxx), acc.syy.append(syy), acc.sxy.append(sxy)
     acc.sdd.append(sdd), acc.sad.append(sad), acc.srel.append(srel)
     if mad > acc.mad:  # the first block to reach a new maximum keeps the first index (its
@@ -103,7 +114,7 @@ def general(mod: ModuleType, kx: int | None, ky: int | None, xr: np.ndarray, yr:
         if acc.first_diff is None:
             acc.first_diff = off + fd
     if kld is not None:
-        kld.add_g(sa, sb, g)
+        kld.add_g(*terms)
     return (lx, hx), (ly, hy)
 
 
@@ -130,7 +141,7 @@ def same_terms(mod: ModuleType, kind: int | None, raw: np.ndarray, kld: Kld, off
         return False
     if r is None:
         return False
-    kld.add_g(r[15], r[16], r[17])
+    kld.add_g(*r[15:21])
     return True
 
 
@@ -201,7 +212,12 @@ def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, ac
     fresh ``acc`` on the one-pass flow, which leaves those blocks to numpy."""
     x, y = sx_.a, sy_.a
     ranges: dict[int, tuple[Range, Range]] = {}
-    for off, xr, yr in pairs(x, y, n):
+    block_sums: dict[int, tuple[float, float]] = {}
+    whole = _whole(x, y)
+    if whole is not None:
+        if not _pass1_whole(mod, sx_, kx, ky, whole, n, acc, sc, uview, ranges, block_sums):
+            return False
+    for off, xr, yr in pairs(x, y, n) if whole is None else ():
         if uview is not None:
             same = identical(mod, kx, xr, yr)
             if same is not False:
@@ -210,7 +226,7 @@ def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, ac
                     identical_block(sx_, xr, off, acc, sc, None, mod, sums)
                     continue
         acc.bitwise = False
-        got = general(mod, kx, ky, xr, yr, off, acc, None)
+        got = general(mod, kx, ky, xr, yr, off, acc, None, block_sums)
         if got is None:
             return False
         ranges[off] = got
@@ -224,15 +240,84 @@ def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, ac
                 return False
             ranges[off] = (r, r)
     kld = Kld(sx_, sy_, x, y, n, sc, ranges=ranges)
-    for off, xr, yr in pairs(x, y, n):
+    if whole is not None:
+        if not _pass2_whole(mod, kx, ky, whole, n, kld, todo, block_sums):
+            return False
+    for off, xr, yr in pairs(x, y, n) if whole is None else ():
         if off not in todo:
+            tot = kld.totals(off, xr.size, *block_sums[off])
             try:
-                t = mod.terms(aligned(xr, 0), aligned(yr, 1), kx, ky, kld.params(off))
+                t = mod.terms(aligned(xr, 0), aligned(yr, 1), kx, ky, kld.params(off), tot is None)
             except (ValueError, BufferError):
                 t = None
             if t is None:
                 return False
+            if tot is not None:   # the near terms' Σa, Σb: the block's less the far terms'
+                t = (tot[0] - t[4], tot[1] - t[5], *t[2:])
             kld.add_g(*t)
     if acc.kld_todo:
         revisit_identical(sx_, x, y, n, acc, sc, kld, mod)
     return kld
+
+
+def _whole(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Both tensors flat, when the kernel can loop over their blocks itself (C order, aligned,
+    native): the common case; a zip member's misaligned data keeps the per-block path."""
+    if x.flags.c_contiguous and y.flags.c_contiguous and x.flags.aligned and y.flags.aligned \
+            and x.dtype.isnative and y.dtype.isnative:
+        return x.reshape(-1), y.reshape(-1)
+    return None
+
+
+def _pass1_whole(mod: ModuleType, sx_: Side, kx: int, ky: int, whole: tuple[np.ndarray, np.ndarray],
+                 n: int, acc: Acc, sc: Scratch, uview: np.dtype | None,
+                 ranges: dict[int, tuple[Range, Range]],
+                 block_sums: dict[int, tuple[float, float]]) -> bool:
+    """Pass 1 of two_pass in one kernel call (blocks()); False where a block holds NaN/Inf."""
+    fx, fy = whole
+    try:
+        rows = mod.blocks(fx, fy, kx, ky, n, uview is not None, acc.first_diff is None, acc.mad)
+    except (ValueError, BufferError):
+        return False
+    for k, r in enumerate(rows):
+        off = k * n
+        if r is None:
+            return False
+        if len(r) == 2:   # bytes equal on both sides: (Σx, Σx²)
+            identical_block(sx_, fx[off:off + n], off, acc, sc, None, mod, r)
+            continue
+        acc.bitwise = False
+        ranges[off] = take(r, off, acc, None, block_sums)
+    return True
+
+
+def _pass2_whole(mod: ModuleType, kx: int, ky: int, whole: tuple[np.ndarray, np.ndarray], n: int,
+                 kld: Kld, todo: set[int], block_sums: dict[int, tuple[float, float]]) -> bool:
+    """Pass 2 of two_pass in one kernel call (terms_blocks()) over the differing blocks."""
+    fx, fy = whole
+    size = fx.size
+    flags = bytearray(-(-size // n))
+    totals: dict[int, tuple[float, float]] = {}
+    for k in range(len(flags)):
+        off = k * n
+        if off in todo:
+            flags[k] = 1
+            continue
+        tot = kld.totals(off, min(n, size - off), *block_sums[off])
+        if tot is not None:
+            totals[off] = tot
+        flags[k] = (2 if kld.params(off)[4] else 0) | (4 if tot is None else 0)
+    try:
+        rows = mod.terms_blocks(fx, fy, kx, ky, n, kld.params(0)[:4], bytes(flags))
+    except (ValueError, BufferError):
+        return False
+    if rows is None:
+        return False
+    for k, t in enumerate(rows):
+        if t is None:
+            continue
+        tot = totals.get(k * n)
+        if tot is not None:   # the near terms' Σa, Σb: the block's less the far terms'
+            t = (tot[0] - t[4], tot[1] - t[5], *t[2:])
+        kld.add_g(*t)
+    return True

@@ -1,0 +1,71 @@
+/* What the two halves of the compare kernel share: _comparec.c (the module, the portable
+ * GNU C vector loops and every entry point) and _comparec512.c (AVX-512 loops for the two hot
+ * calls of the two-pass flow, picked at load time where the CPU has them). */
+#ifndef PRECISION_AGENT_COMPAREC_H
+#define PRECISION_AGENT_COMPAREC_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define K_F32 0
+#define K_F16 1
+#define K_BF16 2
+
+static const double EPS64 = 2.220446049250313e-16;     /* np.finfo(float).eps = 2^-52 */
+static const double EPS32 = 1.1920928955078125e-07;    /* np.finfo(np.float32).eps = 2^-23 */
+static const double R1 = 0.001, R5 = 0.005;            /* msprobe's error-ratio thresholds */
+static const double LN2 = 0.6931471805599453;
+
+/* KLD's series bound on |w| = |a − b|/b (see g_small in _comparec.c) */
+#define W_BF16 0.03125
+#define W_OTHER 0.0078125
+
+/* GCC/clang vector extensions: eight float64 lanes */
+typedef double v8d __attribute__((vector_size(64)));
+typedef long long v8l __attribute__((vector_size(64)));
+static inline __attribute__((always_inline)) v8d splat(double v) { return (v8d){v, v, v, v, v, v, v, v}; }
+
+/* log(p/q) for p, q >= float32 eps (both normal): q is scaled by 2^k, k the nearest integer to
+ * log2(p/q) read off the bit patterns (their difference over 2^52 is log2 within 0.09), so
+ * p/q' lies in [0.66, 1.51]; then log(p/q') = 2·atanh(s), s = (p − q')/(p + q') (p − q' is exact
+ * there, |s| <= 0.21), by its series to s^23 (2^-53 relative). One division, no table, and for
+ * p/q near 1 the result is accurate relative to its own tiny value (KLD of close tensors is a
+ * sum of such terms). */
+static inline __attribute__((always_inline)) v8d log_ratio(v8d p, v8d q) {
+    v8l k = (((v8l)p - (v8l)q) + (1LL << 51)) >> 52;
+    v8d q2 = (v8d)((v8l)q + (k << 52));
+    v8d s = (p - q2) / (p + q2);
+    v8d w = s * s, w2 = w * w, w4 = w2 * w2, w8 = w4 * w4;   /* Estrin: a short dependency chain */
+    v8d c01 = 1.0 / 3 + w * (1.0 / 5), c23 = 1.0 / 7 + w * (1.0 / 9), c45 = 1.0 / 11 + w * (1.0 / 13);
+    v8d c67 = 1.0 / 15 + w * (1.0 / 17), c89 = 1.0 / 19 + w * (1.0 / 21);
+    v8d c0_3 = c01 + w2 * c23, c4_7 = c45 + w2 * c67, c8_10 = c89 + w2 * (1.0 / 23);
+    v8d c = (c0_3 + w4 * c4_7) + w8 * c8_10;
+    v8d at = s + s * (w * c);
+    /* k to float64 without a scalar convert: |k| < 2^51 sits in the mantissa of 2^52 + 2^51 */
+    v8d kd = (v8d)(k + 0x4338000000000000LL) - 6755399441055744.0;
+    return kd * LN2 + 2.0 * at;
+}
+
+typedef struct { double shx, scx, shy, scy; } KldP;
+enum { FCH = 512, NFAR = 32 };                  /* far-term chunks: elements, most recorded */
+
+/* A block's partials. KLD's: sa, sb = Σa, Σb and g = Σ b·g(w) over the terms the series takes
+ * ("near", |w| within its bound); tf = Σ a·log(a/b), pf = Σa, qf = Σb over the others ("far"),
+ * kept apart so that the caller can form either KLD = G/Σa + log1p(e) − e (close sides: no
+ * cancellation) or T/Σa + log(Σb/Σa) (far sides, where G and e grow huge and would cancel). */
+typedef struct {
+    double sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g, tf, pf, qf, lox, hix, loy, hiy;
+    int64_t c1, c5, differ;
+} Sums;
+
+/* The AVX-512 loops (_comparec512.c): c512_usable() says whether this CPU and build have them;
+ * c512_block is the metrics-only pass (block(..., kld=None)); c512_terms is KLD's terms of a
+ * block no element of which reaches the clamp (sums == 0: without the near terms' Σa, Σb). */
+int c512_usable(void);
+void c512_block(int kx, int ky, const void *px, const void *py, Py_ssize_t n, Sums *o);
+void c512_terms(int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp, int sums,
+                Sums *o);
+
+#endif
