@@ -267,7 +267,8 @@ def test_kld_terms_pass_matches_the_one_pass_block(cmod, n):
 
 def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
     """A float32 pair's KLD comes from pass 2 (terms), once per differing block; a float16 pair
-    keeps the pre-pass flow; a NaN block makes the float32 pair start again on that flow."""
+    keeps the pre-pass flow on the portable loops; a NaN block makes the float32 pair start again
+    on that flow."""
     calls = []
     real, real_blocks = cmod.terms, cmod.terms_blocks
 
@@ -290,7 +291,8 @@ def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
         assert compare_arrays(off, y, block_elems=1024) == a and len(calls) == 8
         calls.clear()
         compare_arrays(x.astype(np.float16), y.astype(np.float16), block_elems=1024)
-        assert not calls
+        assert len(calls) == (8 if cmod.isa() == "avx512" else 0)   # AVX-512: halves take two too
+        calls.clear()
         assert x[5000] != y[5000]
         x[5000] = y[5000] = np.nan   # now an equal pair
         b = compare_arrays(x, y, block_elems=1024)

@@ -151,8 +151,7 @@ def compare_arrays(target: np.ndarray, bench: np.ndarray, *, target_dtype: str |
     mod = kernels.get("compare")   # per call: a test's kernels.forced() applies
     kx, ky = (blocks_c.kind_of(sx_), blocks_c.kind_of(sy_)) if mod is not None else (None, None)
     with np.errstate(all="ignore"):
-        if kx == ky == blocks_c.F32:  # halves: their ranges from words are cheap, a second
-            # conversion of every element in pass 2 is not (two passes measured slower for fp16)
+        if blocks_c.takes_whole(mod, kx, ky):
             got = blocks_c.two_pass(mod, sx_, sy_, kx, ky, n, acc, sc, uview)
             if got is not False:
                 return _finish(count=int(x.size), is_bool=is_bool, acc=acc, kld=got)
