@@ -267,8 +267,7 @@ def test_kld_terms_pass_matches_the_one_pass_block(cmod, n):
 
 def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
     """A float32 pair's KLD comes from pass 2 (terms), once per differing block; a float16 pair
-    keeps the pre-pass flow on the portable loops; a NaN block makes the float32 pair start again
-    on that flow."""
+    keeps the pre-pass flow on the portable loops; a block holding NaN goes to numpy alone."""
     calls = []
     real, real_blocks = cmod.terms, cmod.terms_blocks
 
@@ -294,7 +293,16 @@ def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
         assert len(calls) == (8 if cmod.isa() == "avx512" else 0)   # AVX-512: halves take two too
         calls.clear()
         assert x[5000] != y[5000]
-        x[5000] = y[5000] = np.nan   # now an equal pair
+        x[5000] = y[5000] = np.nan   # now an equal pair, in a block numpy takes; the rest stay
         b = compare_arrays(x, y, block_elems=1024)
-    assert not calls and b.differ == a.differ - 1
+        assert len(calls) == 7
+        calls.clear()
+        off[:] = x
+        assert compare_arrays(off, y, block_elems=1024) == b and len(calls) == 7
+        y[7000] = np.inf             # a mismatch: every metric NaN, as on numpy
+        m = compare_arrays(x, y, block_elems=1024)
+    assert b.differ == a.differ - 1 and m.nonfinite_mismatch == 1
+    y[7000] = x[7000]
+    same_result(*both(x, y, block_elems=1024))
+    y[7000] = np.inf
     same_result(*both(x, y, block_elems=1024))

@@ -536,8 +536,8 @@ static PyObject *block_tuple(const Sums *s, Py_ssize_t mi, Py_ssize_t fd) {
 /* blocks(x, y, kx, ky, nb, check_same, want_first, mad_floor): per block of nb elements,
  * (Σx, Σx²) where check_same and its bytes are equal on both sides, else block()'s tuple for
  * kld=None (want_first until a block gives a first difference; the index of the largest |x − y|
- * where it exceeds mad_floor and every earlier block's); the list ends with None at a block
- * holding NaN/Inf. */
+ * where it exceeds mad_floor and every earlier block's); None for a block holding NaN/Inf (the
+ * caller's numpy path takes it). */
 static PyObject *py_blocks(PyObject *self, PyObject *args) {
     PyObject *ox, *oy;
     int kx, ky, check_same, want_first;
@@ -578,7 +578,6 @@ static PyObject *py_blocks(PyObject *self, PyObject *args) {
         }
         if (!item || PyList_Append(out, item) < 0) Py_CLEAR(out);
         Py_XDECREF(item);
-        if (!finite) break;
     }
     PyBuffer_Release(&vx);
     PyBuffer_Release(&vy);

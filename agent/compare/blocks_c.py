@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from .blocks import (Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, pairs,
+from .blocks import (Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, general_block, pairs,
                      same_bytes)
 
 F32, F16, BF16 = 0, 1, 2
@@ -218,15 +218,18 @@ def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, ac
     """A compare the kernel takes whole: pass 1 gives every block's metrics and ranges while
     the block is in cache (the range pre-pass of the one-pass flow would read both sides
     once more from memory); pass 2 reads the differing blocks again for KLD's terms only,
-    which need both sides' global ranges. Returns the Kld (None: every block identical), or
-    False when the kernel refused a block (NaN/Inf, say): the caller starts again with a
-    fresh ``acc`` on the one-pass flow, which leaves those blocks to numpy."""
+    which need both sides' global ranges. A block holding NaN/Inf, which the kernel leaves
+    to numpy's policy, takes numpy's general_block in pass 1 and numpy's KLD terms in pass 2,
+    and the others stay in C. Returns the Kld (None: every block identical), or False when the
+    kernel refused a buffer: the caller starts again with a fresh ``acc`` on the one-pass flow."""
     x, y = sx_.a, sy_.a
     ranges: dict[int, tuple[Range, Range]] = {}
     block_sums: dict[int, tuple[float, float]] = {}
+    on_numpy: set[int] = set()
     whole = _whole(x, y)
     if whole is not None:
-        if not _pass1_whole(mod, sx_, kx, ky, whole, n, acc, sc, uview, ranges, block_sums):
+        if not _pass1_whole(mod, sx_, sy_, kx, ky, whole, n, acc, sc, uview, ranges, block_sums,
+                            on_numpy):
             return False
     for off, xr, yr in pairs(x, y, n) if whole is None else ():
         if uview is not None:
@@ -239,11 +242,12 @@ def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, ac
         acc.bitwise = False
         got = general(mod, kx, ky, xr, yr, off, acc, None, block_sums)
         if got is None:
-            return False
+            got = _numpy_block(sx_, sy_, xr, yr, off, acc, sc, block_sums, on_numpy)
         ranges[off] = got
     if not ranges:
         return None
     todo = {off for off, _, _ in acc.kld_todo}
+    skip = todo | on_numpy
     for off, xr, _ in pairs(x, y, n) if todo else ():   # identical blocks: one side's range
         if off in todo:
             r = block_range(mod, kx, xr)
@@ -252,10 +256,18 @@ def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, ac
             ranges[off] = (r, r)
     kld = Kld(sx_, sy_, x, y, n, sc, ranges=ranges)
     if whole is not None:
-        if not _pass2_whole(mod, kx, ky, whole, n, kld, todo, block_sums):
+        if not _pass2_whole(mod, kx, ky, whole, n, kld, skip, block_sums):
             return False
-    for off, xr, yr in pairs(x, y, n) if whole is None else ():
-        if off not in todo:
+    for off, xr, yr in pairs(x, y, n) if whole is None or on_numpy else ():
+        if off in on_numpy:   # numpy's terms, on the values general_block compared
+            m = xr.size
+            a, b = sc.x[:m], sc.y[:m]
+            _widen(sx_, xr, a, sc)
+            _widen(sy_, yr, b, sc)
+            _zero_nonfinite(a)
+            _zero_nonfinite(b)
+            kld.block(off, a, b, sc.z[:m], *block_sums[off])
+        elif whole is None and off not in todo:
             tot = kld.totals(off, xr.size, *block_sums[off])
             try:
                 t = mod.terms(aligned(xr, 0), aligned(yr, 1), kx, ky, kld.params(off), tot is None)
@@ -280,11 +292,24 @@ def _whole(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None
     return None
 
 
-def _pass1_whole(mod: ModuleType, sx_: Side, kx: int, ky: int, whole: tuple[np.ndarray, np.ndarray],
-                 n: int, acc: Acc, sc: Scratch, uview: np.dtype | None,
-                 ranges: dict[int, tuple[Range, Range]],
-                 block_sums: dict[int, tuple[float, float]]) -> bool:
-    """Pass 1 of two_pass in one kernel call (blocks()); False where a block holds NaN/Inf."""
+def _numpy_block(sx_: Side, sy_: Side, xr: np.ndarray, yr: np.ndarray, off: int, acc: Acc,
+                 sc: Scratch, block_sums: dict[int, tuple[float, float]],
+                 on_numpy: set[int]) -> tuple[Range, Range]:
+    """Pass 1 of a block the kernel left to numpy (NaN/Inf): general_block's partials, and the
+    ranges and sums of the values it compared (NaN/Inf zeroed, as KLD sees them)."""
+    general_block(sx_, sy_, xr, yr, off, acc, sc, None)
+    m = xr.size
+    a, b = sc.x[:m], sc.y[:m]
+    on_numpy.add(off)
+    block_sums[off] = (acc.sx[-1], acc.sy[-1])
+    return (float(a.min()), float(a.max())), (float(b.min()), float(b.max()))
+
+
+def _pass1_whole(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int,
+                 whole: tuple[np.ndarray, np.ndarray], n: int, acc: Acc, sc: Scratch,
+                 uview: np.dtype | None, ranges: dict[int, tuple[Range, Range]],
+                 block_sums: dict[int, tuple[float, float]], on_numpy: set[int]) -> bool:
+    """Pass 1 of two_pass in one kernel call (blocks()), blocks holding NaN/Inf on numpy."""
     fx, fy = whole
     try:
         rows = mod.blocks(fx, fy, kx, ky, n, uview is not None, acc.first_diff is None, acc.mad)
@@ -293,7 +318,10 @@ def _pass1_whole(mod: ModuleType, sx_: Side, kx: int, ky: int, whole: tuple[np.n
     for k, r in enumerate(rows):
         off = k * n
         if r is None:
-            return False
+            acc.bitwise = False
+            ranges[off] = _numpy_block(sx_, sy_, fx[off:off + n], fy[off:off + n], off, acc, sc,
+                                       block_sums, on_numpy)
+            continue
         if len(r) == 2:   # bytes equal on both sides: (Σx, Σx²)
             identical_block(sx_, fx[off:off + n], off, acc, sc, None, mod, r)
             continue
@@ -303,15 +331,15 @@ def _pass1_whole(mod: ModuleType, sx_: Side, kx: int, ky: int, whole: tuple[np.n
 
 
 def _pass2_whole(mod: ModuleType, kx: int, ky: int, whole: tuple[np.ndarray, np.ndarray], n: int,
-                 kld: Kld, todo: set[int], block_sums: dict[int, tuple[float, float]]) -> bool:
-    """Pass 2 of two_pass in one kernel call (terms_blocks()) over the differing blocks."""
+                 kld: Kld, skip: set[int], block_sums: dict[int, tuple[float, float]]) -> bool:
+    """Pass 2 of two_pass in one kernel call (terms_blocks()) over the blocks not in skip."""
     fx, fy = whole
     size = fx.size
     flags = bytearray(-(-size // n))
     totals: dict[int, tuple[float, float]] = {}
     for k in range(len(flags)):
         off = k * n
-        if off in todo:
+        if off in skip:
             flags[k] = 1
             continue
         tot = kld.totals(off, min(n, size - off), *block_sums[off])
