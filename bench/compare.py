@@ -89,17 +89,36 @@ def op_table(a: np.ndarray, b: np.ndarray, block: int, repeat: int = 7) -> list[
 
 
 def _paths() -> list[str]:
+    """The kernels to time, the default first: "c" (the loops this CPU picks), "c-portable"
+    where that is AVX-512 (what other x86-64 hosts run), "numpy"."""
     from precision_agent import kernels
-    return ["c", "numpy"] if kernels.built("compare") else ["numpy"]
+    if not kernels.built("compare"):
+        return ["numpy"]
+    isas = kernels._import("compare").isas()
+    return ["c", "c-portable", "numpy"] if len(isas) > 1 else ["c", "numpy"]
+
+
+def _isa() -> str | None:
+    from precision_agent import kernels
+    return kernels._import("compare").isa() if kernels.built("compare") else None
 
 
 def _in(path: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` run with the block kernels of ``path`` ("c" or "numpy")."""
+    """``fn`` run with the block kernels of ``path`` (see :func:`_paths`)."""
     from precision_agent import kernels
+    mode, _, isa = path.partition("-")
 
     def call() -> Any:
-        with kernels.forced(path):
-            return fn()
+        with kernels.forced(mode):
+            if not isa:
+                return fn()
+            mod = kernels._import("compare")
+            before = mod.isa()
+            mod.set_isa(isa)
+            try:
+                return fn()
+            finally:
+                mod.set_isa(before)
     return call
 
 
@@ -142,7 +161,7 @@ def run(size_mib: int = 256, repeat: int = 3, block: int | None = None, ops: boo
     res: dict[str, Any] = {
         "bench": "compare", "date": common.now_iso(), "host": common.host_info(),
         "params": {"size_mib": size_mib, "elements": n, "repeat": repeat, "block_elems": block,
-                   "kernels": paths},
+                   "kernels": paths, "isa": _isa()},
         "goal": {"ratio": GOAL_RATIO},
         "sum_s": wall["sum"], "sum_gb_per_s": 2 * n * 4 / wall["sum"] / 1e9,
         "identical_s": wall["identical"], "different_s": wall["different"],
@@ -172,7 +191,8 @@ def report(res: dict[str, Any]) -> str:
 
     lines = [
         f"compare: two {p['size_mib']} MiB fp32 arrays, block {p['block_elems']} elements, best of {p['repeat']}, "
-        f"kernels {'/'.join(p.get('kernels', ['numpy']))} (the first is the default, reported first)",
+        f"kernels {'/'.join(p.get('kernels', ['numpy']))} (the first is the default, reported first; "
+        f"c runs {p.get('isa', 'the portable')} loops)",
         f"  a.sum() + b.sum() {res['sum_s']:.3f} s ({res['sum_gb_per_s']:.1f} GB/s over both, "
         f"{ns['sum']:.2f} ns per element pair)",
         f"  identical pair (bitwise fast path): {res['identical_s']:.3f} s ({ns['identical']:.2f} ns/pair), "
@@ -187,7 +207,7 @@ def report(res: dict[str, Any]) -> str:
         f"  traced peak allocation during a compare: {res['peak_traced_bytes'] / common.MB:.2f} MB",
     ]
     for k, rs in res.get("by_kernel", {}).items():
-        lines.append(f"  {k:5s} kernels, throughput / sum (same rounds): identical {rs['identical']:.3f}, "
+        lines.append(f"  {k:10s} kernels, throughput / sum (same rounds): identical {rs['identical']:.3f}, "
                      f"different {rs['different']:.3f}, fp16 {rs['different_fp16']:.3f}, "
                      f"bf16 {rs['different_bf16']:.3f}")
     if "ops" in res:
@@ -206,14 +226,14 @@ def report(res: dict[str, Any]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size-mib", type=int, default=None, help="size of each fp32 array (default 256, quick 16)")
-    p.add_argument("--repeat", type=int, default=None, help="best of N (default 3, quick 1)")
+    p.add_argument("--repeat", type=int, default=None, help="best of N (default 5, quick 1)")
     p.add_argument("--block", type=int, default=None, help="compare block_elems (default: the module's)")
     p.add_argument("--ops", action="store_true", help="also time each numpy pass alone (where the time goes)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     q = args.quick
-    return run(size_mib=args.size_mib or (16 if q else 256), repeat=args.repeat or (1 if q else 3),
+    return run(size_mib=args.size_mib or (16 if q else 256), repeat=args.repeat or (1 if q else 5),
                block=args.block, ops=args.ops)
 
 

@@ -466,7 +466,7 @@ static PyObject *py_terms(PyObject *self, PyObject *args) {
     if (n < 0) return NULL;
     Sums s;
     Py_BEGIN_ALLOW_THREADS
-    if (!clamps && use512) c512_terms(kx, ky, vx.buf, vy.buf, n, &kp, sums, &s);
+    if (use512) c512_terms(kx, ky, vx.buf, vy.buf, n, &kp, sums, clamps, &s);
     else TERMS[clamps ? 0 : 1][kx][ky](vx.buf, vy.buf, n, &kp, &s);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&vx);
@@ -617,7 +617,7 @@ static PyObject *py_terms_blocks(PyObject *self, PyObject *args) {
             int clamps = (f & 2) != 0;
             Sums s;
             Py_BEGIN_ALLOW_THREADS
-            if (!clamps && use512) c512_terms(kx, ky, bx, by, m, &kp, (f & 4) != 0, &s);
+            if (use512) c512_terms(kx, ky, bx, by, m, &kp, (f & 4) != 0, clamps, &s);
             else TERMS[clamps ? 0 : 1][kx][ky](bx, by, m, &kp, &s);
             Py_END_ALLOW_THREADS
             if (!(isfinite(s.sa) && isfinite(s.sb) && isfinite(s.g) && isfinite(s.tf) && isfinite(s.pf)

@@ -62,10 +62,11 @@ typedef struct {
 
 /* The AVX-512 loops (_comparec512.c): c512_usable() says whether this CPU and build have them;
  * c512_block is the metrics-only pass (block(..., kld=None)); c512_terms is KLD's terms of a
- * block no element of which reaches the clamp (sums == 0: without the near terms' Σa, Σb). */
+ * block (clamps: some element may reach the clamp; sums == 0: without the near terms' Σa, Σb,
+ * which the caller derives, never with clamps). */
 int c512_usable(void);
 void c512_block(int kx, int ky, const void *px, const void *py, Py_ssize_t n, Sums *o);
 void c512_terms(int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp, int sums,
-                Sums *o);
+                int clamps, Sums *o);
 
 #endif

@@ -153,11 +153,16 @@ T512 void c512_block(int kx, int ky, const void *px, const void *py, Py_ssize_t 
  * b·w²·P(w) is s_y·e·w·P(w) with e = c·u − v (one fused rounding): no per-element scaling,
  * Σa = s_x·Σu, Σb = s_y·Σv. Terms with |w| beyond the series' bound are left out of that sum and
  * recorded by chunk; a second loop takes them with the full log, deciding "beyond" with the very
- * same operations, so each term is counted once. */
+ * same operations, so each term is counted once. In a block that may reach the clamp at float32
+ * eps (it holds a side's minimum, or it is the whole of a small tensor), the elements under the
+ * clamp (u below eps/s_x, a hair more to be safe, or v likewise: a handful next to each minimum)
+ * count as far too, and the far loop clamps them: the block keeps this loop. */
 typedef struct {
     __m512d su, sv, g, tf, pf, qf;
     __mmask8 far;
 } A2;
+
+typedef struct { double c, tu, tv; } P2;   /* c = s_x/s_y; the clamp's bounds on u and v */
 
 INL __m512d poly(__m512d w, int wide) {   /* P(w) = g(w)/w², to w³ (w⁵ where a side is bf16) */
     __m512d c = _mm512_set1_pd(-1.0 / 20);
@@ -170,19 +175,26 @@ INL __m512d poly(__m512d w, int wide) {   /* P(w) = g(w)/w², to w³ (w⁵ where
     return _mm512_fmadd_pd(w, c, _mm512_set1_pd(0.5));
 }
 
-/* u, v, e and w of eight pairs; returns the lanes of m whose |w| is beyond the series. */
-INL __mmask8 prep2(__m256 xf, __m256 yf, __mmask8 m, const KldP *kp, double c, int wide,
-                   __m512d *u, __m512d *v, __m512d *e, __m512d *w) {
+/* u, v, e and w of eight pairs; returns the lanes of m that are far: |w| beyond the series, or
+ * (clamps) under the clamp. */
+INL __mmask8 prep2(__m256 xf, __m256 yf, __mmask8 m, const KldP *kp, const P2 *q2, int wide,
+                   int clamps, __m512d *u, __m512d *v, __m512d *e, __m512d *w) {
     *u = _mm512_sub_pd(_mm512_cvtps_pd(xf), _mm512_set1_pd(kp->shx));
     *v = _mm512_sub_pd(_mm512_cvtps_pd(yf), _mm512_set1_pd(kp->shy));
-    *e = _mm512_fmsub_pd(_mm512_set1_pd(c), *u, *v);
+    *e = _mm512_fmsub_pd(_mm512_set1_pd(q2->c), *u, *v);
     *w = _mm512_div_pd(*e, *v);
-    return _mm512_mask_cmp_pd_mask(m, _mm512_abs_pd(*w), _mm512_set1_pd(wide ? W_BF16 : W_OTHER), _CMP_GT_OQ);
+    __mmask8 f = _mm512_mask_cmp_pd_mask(m, _mm512_abs_pd(*w), _mm512_set1_pd(wide ? W_BF16 : W_OTHER),
+                                         _CMP_GT_OQ);
+    if (clamps)   /* NaN w (u = v = 0) fails the test above: these catch it */
+        f |= _mm512_mask_cmp_pd_mask(m, *u, _mm512_set1_pd(q2->tu), _CMP_LT_OQ)
+           | _mm512_mask_cmp_pd_mask(m, *v, _mm512_set1_pd(q2->tv), _CMP_LT_OQ);
+    return f;
 }
 
-INL void step2(A2 *a, __m256 xf, __m256 yf, __mmask8 m, const KldP *kp, double c, int wide, int sums) {
+INL void step2(A2 *a, __m256 xf, __m256 yf, __mmask8 m, const KldP *kp, const P2 *q2, int wide,
+               int sums, int clamps) {
     __m512d u, v, e, w;
-    __mmask8 far = prep2(xf, yf, m, kp, c, wide, &u, &v, &e, &w);
+    __mmask8 far = prep2(xf, yf, m, kp, q2, wide, clamps, &u, &v, &e, &w);
     __mmask8 near = m & (__mmask8)~far;
     a->far |= far;
     if (sums) {   /* else the caller has them: Σu from pass 1's Σx, less the far terms' Σa */
@@ -192,7 +204,7 @@ INL void step2(A2 *a, __m256 xf, __m256 yf, __mmask8 m, const KldP *kp, double c
     a->g = _mm512_mask3_fmadd_pd(_mm512_mul_pd(e, w), poly(w, wide), a->g, near);   /* += e·w·P */
 }
 
-#define PASS2(KX, KY, SUMS)                                                                    \
+#define PASS2(KX, KY, SUMS, CL)                                                                \
     {                                                                                          \
         const int wide = KX == K_BF16 || KY == K_BF16;                                        \
         Py_ssize_t i = 0, full = n - n % 8;                                                    \
@@ -201,13 +213,14 @@ INL void step2(A2 *a, __m256 xf, __m256 yf, __mmask8 m, const KldP *kp, double c
             for (; i < end; i += 8) {                                                          \
                 ahead(px, i, KX);                                                              \
                 ahead(py, i, KY);                                                              \
-                step2(&a, load8(px, i, KX, 0xff), load8(py, i, KY, 0xff), 0xff, kp, c, wide, SUMS); \
+                step2(&a, load8(px, i, KX, 0xff), load8(py, i, KY, 0xff), 0xff, kp, &q2, wide, \
+                      SUMS, CL);                                                               \
             }                                                                                  \
             if (a.far) { if (nf < NFAR) fars[nf] = c0; nf += nf <= NFAR; a.far = 0; }          \
         }                                                                                      \
         if (i < n) {                                                                           \
             __mmask8 m = (__mmask8)((1u << (n - i)) - 1);                                      \
-            step2(&a, load8(px, i, KX, m), load8(py, i, KY, m), m, kp, c, wide, SUMS);         \
+            step2(&a, load8(px, i, KX, m), load8(py, i, KY, m), m, kp, &q2, wide, SUMS, CL);   \
             if (a.far) { if (nf < NFAR) fars[nf] = i; nf += nf <= NFAR; a.far = 0; }           \
         }                                                                                      \
         /* the far terms: a·log(a/b), a, b, chunk by chunk (the whole block past NFAR) */    \
@@ -217,49 +230,54 @@ INL void step2(A2 *a, __m256 xf, __m256 yf, __mmask8 m, const KldP *kp, double c
             for (i = s0; i < s1; i += 8) {                                                     \
                 __mmask8 m = s1 - i >= 8 ? 0xff : (__mmask8)((1u << (s1 - i)) - 1);            \
                 __m512d u, v, e, w;                                                            \
-                __mmask8 f = prep2(load8(px, i, KX, m), load8(py, i, KY, m), m, kp, c, wide,   \
-                                   &u, &v, &e, &w);                                            \
-                if (!f) continue;                                                              \
-                __m512d p = _mm512_mul_pd(u, _mm512_set1_pd(kp->scx));                         \
-                __m512d q = _mm512_mul_pd(v, _mm512_set1_pd(kp->scy));                         \
-                p = _mm512_mask_blend_pd(f, _mm512_set1_pd(1.0), p);  /* others: log(1) */     \
-                q = _mm512_mask_blend_pd(f, _mm512_set1_pd(1.0), q);                           \
-                v8d lr = log_ratio((v8d)p, (v8d)q);                                            \
-                a.tf = _mm512_mask_add_pd(a.tf, f, a.tf, _mm512_mul_pd(p, (__m512d)lr));       \
-                a.pf = _mm512_mask_add_pd(a.pf, f, a.pf, p);                                   \
-                a.qf = _mm512_mask_add_pd(a.qf, f, a.qf, q);                                   \
+                __mmask8 f = prep2(load8(px, i, KX, m), load8(py, i, KY, m), m, kp, &q2, wide, \
+                                   CL, &u, &v, &e, &w);                                        \
+                if (f) far_terms(&a, u, v, f, kp, CL);                                         \
             }                                                                                  \
         }                                                                                      \
     }
 
+/* a·log(a/b), a and b of the lanes f (a = s_x·u, b = s_y·v, clamped at float32 eps if CL). */
+INL void far_terms(A2 *a, __m512d u, __m512d v, __mmask8 f, const KldP *kp, int clamps) {
+    __m512d p = _mm512_mul_pd(u, _mm512_set1_pd(kp->scx));
+    __m512d q = _mm512_mul_pd(v, _mm512_set1_pd(kp->scy));
+    if (clamps) {
+        p = _mm512_max_pd(p, _mm512_set1_pd(EPS32));
+        q = _mm512_max_pd(q, _mm512_set1_pd(EPS32));
+    }
+    p = _mm512_mask_blend_pd(f, _mm512_set1_pd(1.0), p);   /* the other lanes: log(1) */
+    q = _mm512_mask_blend_pd(f, _mm512_set1_pd(1.0), q);
+    v8d lr = log_ratio((v8d)p, (v8d)q);
+    a->tf = _mm512_mask_add_pd(a->tf, f, a->tf, _mm512_mul_pd(p, (__m512d)lr));
+    a->pf = _mm512_mask_add_pd(a->pf, f, a->pf, p);
+    a->qf = _mm512_mask_add_pd(a->qf, f, a->qf, q);
+}
+
+#define KINDS2(SUMS, CL)                                                                       \
+    switch (kx * 3 + ky) {                                                                     \
+    case 0: PASS2(K_F32, K_F32, SUMS, CL) break;                                               \
+    case 1: PASS2(K_F32, K_F16, SUMS, CL) break;                                               \
+    case 2: PASS2(K_F32, K_BF16, SUMS, CL) break;                                              \
+    case 3: PASS2(K_F16, K_F32, SUMS, CL) break;                                               \
+    case 4: PASS2(K_F16, K_F16, SUMS, CL) break;                                               \
+    case 5: PASS2(K_F16, K_BF16, SUMS, CL) break;                                              \
+    case 6: PASS2(K_BF16, K_F32, SUMS, CL) break;                                              \
+    case 7: PASS2(K_BF16, K_F16, SUMS, CL) break;                                              \
+    default: PASS2(K_BF16, K_BF16, SUMS, CL) break;                                            \
+    }
+
 T512 void c512_terms(int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp,
-                     int sums, Sums *o) {
+                     int sums, int clamps, Sums *o) {
     A2 a;
     a.su = a.sv = a.g = a.tf = a.pf = a.qf = _mm512_setzero_pd();
     a.far = 0;
-    const double c = kp->scx / kp->scy;
+    /* the bounds: every u with fl(s_x·u) < eps is below tu (2^-20 of margin for two roundings) */
+    const P2 q2 = {kp->scx / kp->scy, EPS32 / kp->scx * (1 + 0x1p-20), EPS32 / kp->scy * (1 + 0x1p-20)};
     Py_ssize_t fars[NFAR];
     int nf = 0;
-    switch ((kx * 3 + ky) * 2 + !!sums) {
-    case 0: PASS2(K_F32, K_F32, 0) break;
-    case 1: PASS2(K_F32, K_F32, 1) break;
-    case 2: PASS2(K_F32, K_F16, 0) break;
-    case 3: PASS2(K_F32, K_F16, 1) break;
-    case 4: PASS2(K_F32, K_BF16, 0) break;
-    case 5: PASS2(K_F32, K_BF16, 1) break;
-    case 6: PASS2(K_F16, K_F32, 0) break;
-    case 7: PASS2(K_F16, K_F32, 1) break;
-    case 8: PASS2(K_F16, K_F16, 0) break;
-    case 9: PASS2(K_F16, K_F16, 1) break;
-    case 10: PASS2(K_F16, K_BF16, 0) break;
-    case 11: PASS2(K_F16, K_BF16, 1) break;
-    case 12: PASS2(K_BF16, K_F32, 0) break;
-    case 13: PASS2(K_BF16, K_F32, 1) break;
-    case 14: PASS2(K_BF16, K_F16, 0) break;
-    case 15: PASS2(K_BF16, K_F16, 1) break;
-    case 16: PASS2(K_BF16, K_BF16, 0) break;
-    default: PASS2(K_BF16, K_BF16, 1) break;
-    }
+    if (clamps) KINDS2(1, 1)          /* near Σa, Σb always: the caller cannot derive them here */
+    else if (sums) KINDS2(1, 0)
+    else KINDS2(0, 0)
     memset(o, 0, sizeof *o);
     o->sa = kp->scx * lanes_sum(a.su);
     o->sb = kp->scy * lanes_sum(a.sv);
@@ -275,7 +293,7 @@ void c512_block(int kx, int ky, const void *px, const void *py, Py_ssize_t n, Su
     (void)kx; (void)ky; (void)px; (void)py; (void)n; (void)o;
 }
 void c512_terms(int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp, int sums,
-                Sums *o) {
-    (void)kx; (void)ky; (void)px; (void)py; (void)n; (void)kp; (void)sums; (void)o;
+                int clamps, Sums *o) {
+    (void)kx; (void)ky; (void)px; (void)py; (void)n; (void)kp; (void)sums; (void)clamps; (void)o;
 }
 #endif
