@@ -5,8 +5,9 @@ twice and an identical pair once. The block kernels and their costs are in :mod:
 where the optional C kernel is built (``_comparec.c``, glue in :mod:`.blocks_c`), a float32,
 float16 or bfloat16 block takes one pass of it instead of ~30 numpy calls, with the same
 results within the tests' tolerances (``PRECISION_AGENT_KERNELS=numpy`` keeps numpy). A float32
-pair the kernel takes whole has no pre-pass: its pass 1 finds the ranges along with every other
-metric, and pass 2 re-reads the differing blocks for KLD's terms only (``blocks_c.two_pass``).
+pair (any kernel pair where its AVX-512 loops run) has no pre-pass: pass 1 finds the ranges
+along with every other metric, and pass 2 re-reads the differing blocks for KLD's terms only
+(``blocks_c.two_pass``); a block holding NaN/Inf takes numpy's path alone.
 
 Definitions (x = target / "my" / NPU side, y = bench / golden side; N = number of elements)
 --------------------------------------------------------------------------------------------
