@@ -285,27 +285,29 @@ def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
     monkeypatch.setattr(cmod, "terms", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(cmod, "terms_blocks", blocks)
     x, y = _pair(10_000, 12)
-    y[:2048] = x[:2048]              # two identical blocks: no terms for them
+    y[:2048] = x[:2048]              # two identical blocks: terms once pass 2 knows both ranges
     with kernels.forced("c"):
         a = compare_arrays(x, y, block_elems=1024)
-        assert len(calls) == 8
+        assert len(calls) == 10      # 8 differing blocks in pass 2, 2 identical ones revisited
         calls.clear()
         # a misaligned tensor (a zip member's data) takes the kernel block by block, the same
         off = np.frombuffer(memoryview(np.empty(x.nbytes + 8, np.uint8))[2:2 + x.nbytes], np.float32)
         off[:] = x
         assert not off.flags.aligned
-        assert compare_arrays(off, y, block_elems=1024) == a and len(calls) == 8
+        assert compare_arrays(off, y, block_elems=1024) == a and len(calls) == 10
         calls.clear()
         compare_arrays(x.astype(np.float16), y.astype(np.float16), block_elems=1024)
-        assert len(calls) == (8 if cmod.isa() == "avx512" else 0)   # AVX-512: halves take two too
+        # AVX-512: halves take two passes too (8 differing blocks; the identical ones need no
+        # terms where both sides' ranges round to the same float16 values)
+        assert len(calls) >= 8 if cmod.isa() == "avx512" else not calls
         calls.clear()
         assert x[5000] != y[5000]
         x[5000] = y[5000] = np.nan   # now an equal pair, in a block numpy takes; the rest stay
         b = compare_arrays(x, y, block_elems=1024)
-        assert len(calls) == 7
+        assert len(calls) == 9
         calls.clear()
         off[:] = x
-        assert compare_arrays(off, y, block_elems=1024) == b and len(calls) == 7
+        assert compare_arrays(off, y, block_elems=1024) == b and len(calls) == 9
         y[7000] = np.inf             # a mismatch: every metric NaN, as on numpy
         m = compare_arrays(x, y, block_elems=1024)
     assert b.differ == a.differ - 1 and m.nonfinite_mismatch == 1

@@ -136,12 +136,12 @@ def same_terms(mod: ModuleType, kind: int | None, raw: np.ndarray, kld: Kld, off
         return False
     try:
         a = aligned(raw, 0)
-        r = mod.block(a, a, kind, kind, False, math.inf, kld.params(off))
+        r = mod.terms(a, a, kind, kind, kld.params(off))
     except (ValueError, BufferError):
         return False
     if r is None:
         return False
-    kld.add_g(*r[15:21])
+    kld.add_g(*r)
     return True
 
 
