@@ -15,6 +15,7 @@ import pytest
 from agentproc import AgentProcess
 from conftest import REPO
 from precision_agent import kernels
+from precision_agent.compare.metrics import compare_arrays
 
 IN_CI = os.environ.get("CI") == "true"
 
@@ -111,11 +112,21 @@ def test_install_without_a_compiler_runs_on_numpy(tmp_path):
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None and not IN_CI, reason="no C compiler")
 def test_plain_install_with_a_compiler_carries_the_kernels(tmp_path):
+    """Built as a host without the AVX-512 intrinsics builds it (the development install of
+    this checkout covers the other side): the portable loops only, the same compare result."""
     target = tmp_path / "site"
-    p = _install(target, {})
+    p = _install(target, {"CFLAGS": "-DPRECISION_AGENT_NO_AVX512"})
     assert p.returncode == 0, p.stderr
     assert list((target / "precision_agent" / "dumps").glob("_scanc*.so"))
     assert list((target / "precision_agent" / "compare").glob("_comparec*.so"))
-    r = _run_installed(target, "from precision_agent import kernels; kernels.check(); print(kernels.active())",
-                       {kernels.ENV: "c"})
-    assert r.returncode == 0 and "'scan': 'c'" in r.stdout, r.stderr
+    code = ("import numpy as np; from precision_agent import kernels; kernels.check();"
+            "from precision_agent.compare import _comparec as m;"
+            "from precision_agent.compare.metrics import compare_arrays;"
+            "x = np.arange(1, 5001, dtype=np.float32); y = x * np.float32(1.001);"
+            "print(kernels.active(), m.isas(), compare_arrays(x, y).metrics['KullbackLeiblerDivergence'])")
+    r = _run_installed(target, code, {kernels.ENV: "c"})
+    assert r.returncode == 0 and "'scan': 'c'" in r.stdout and "('portable',)" in r.stdout, r.stderr
+    x = np.arange(1, 5001, dtype=np.float32)
+    with kernels.forced("c"):
+        want = compare_arrays(x, x * np.float32(1.001)).metrics["KullbackLeiblerDivergence"]
+    assert float(r.stdout.split()[-1]) == pytest.approx(want, rel=1e-9)
