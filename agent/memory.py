@@ -164,12 +164,18 @@ def _sample(body: Any) -> Sample:
         raise CodecError("malformed sample")
     f = {n: decode(body[n]) for n in SAMPLE_FIELDS}
     labels = f["labels"]
-    if not isinstance(labels, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in labels):
+    if not isinstance(labels, tuple) or not all(isinstance(p, tuple) and len(p) == 2
+                                                and type(p[0]) is str and type(p[1]) is str for p in labels):
         raise CodecError("malformed sample labels")
     _typed(f["metric"], str)
     _typed(f["value"], float, int)
+    _typed(f["step"], int, type(None))
     _typed(f["source"], SourcePos)
-    if not isinstance(f["attrs"], tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in f["attrs"]):
+    _typed(f["time"], float, int)
+    _typed(f["log_time"], float, int, type(None))
+    _typed(f["producer"], str)
+    if not isinstance(f["attrs"], tuple) or not all(isinstance(p, tuple) and len(p) == 2 and type(p[0]) is str
+                                                    for p in f["attrs"]):
         raise CodecError("malformed sample attrs")
     return Sample(**f)
 

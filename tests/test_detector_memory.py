@@ -411,3 +411,19 @@ def test_an_edited_rule_stores_its_memory_again(rules_dir, tmp_path):
     after = p.memory_delta()
     stuck = [u for u in after.upserts if "Stuck" in u[0]]
     assert stuck, "the edited rule's memory was not written again"
+
+
+@pytest.mark.parametrize("field, bad", [
+    ("step", "3"), ("step", 2.5), ("time", "now"), ("log_time", [1]), ("producer", 7),
+    ("labels", ((("job", 1),))), ("attrs", (((1, 2),))), ("value", True),
+])
+def test_restored_samples_are_checked_field_by_field(field, bad):
+    """A row edited or corrupted on disk fails at restore (where it is counted and that rule
+    starts empty), not later inside a detector."""
+    s = Sample(LABELS, LOSS, 1.0, 3, SourcePos("/a.log", 1, 0), 1.5, None, (), "hf")
+    assert decode(encode(s)) == s
+    body = encode(s)
+    inner = body["$s"]
+    inner[field] = encode(bad)
+    with pytest.raises(CodecError):
+        decode(body)
