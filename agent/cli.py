@@ -64,8 +64,9 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_CONFIG
     _setup_logging(config.log_level)
+    path = Path(args.config) if args.config else None
     try:
-        agent = Agent(config)
+        agent = Agent(config, reread=lambda: load_config(path, overrides))
     except (StateError, ConfigError) as exc:
         print(f"precision-agent: cannot start: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -3,7 +3,9 @@
 Threads: watchdog's observer and the apscheduler jobs only *enqueue* work; one worker thread
 owns the readers, the pipeline and the state store, so detection needs no locks; the HTTP
 server reads snapshots. SIGTERM finishes the current batch, commits and exits 0; SIGHUP reloads
-the rule files (a bad file keeps its last good version).
+the rule files (a bad file keeps its last good version) and re-reads the config file: a bad one
+is an error that keeps the running configuration, and changed settings are named in the log and
+in ``precision_agent_config_restart_needed``, since they take effect at the next restart.
 """
 
 from __future__ import annotations
@@ -47,8 +49,11 @@ log = logging.getLogger("precision_agent")
 
 
 class Agent:
-    def __init__(self, config: Config, on_transition: Callable[[Transition], None] | None = None) -> None:
+    def __init__(self, config: Config, on_transition: Callable[[Transition], None] | None = None,
+                 reread: Callable[[], Config] | None = None) -> None:
+        """``reread``: loads and validates the config file again (SIGHUP), as at start."""
         self.config = config
+        self.reread = reread
         self.health = Health()
         self.on_transition = on_transition
         self.queue = ChangeQueue(config.limits.queue_size)
@@ -175,6 +180,7 @@ class Agent:
             self.heartbeat = time.monotonic()
             try:
                 if batch.reload_rules:
+                    self.check_config()
                     self.reload_rules()
                 paths = list(batch.paths)
                 if batch.resync:
@@ -357,6 +363,24 @@ class Agent:
         self.health.set("last_commit_timestamp_seconds", time.time())
 
     # -- rules and state -------------------------------------------------------------------------
+    def check_config(self) -> None:
+        """SIGHUP: the config file again, validated as at start. The running configuration stays
+        in force either way; what differs is reported, not half-applied."""
+        if self.reread is None:
+            return
+        try:
+            new = self.reread()
+        except ConfigError as exc:
+            self.health.error("config", "%s (keeping the running configuration)", exc)
+            self.health.inc("config_reloads_failure")
+            return
+        self.health.inc("config_reloads_success")
+        changed = [f for f in type(self.config).model_fields if getattr(new, f) != getattr(self.config, f)]
+        self.health.set("config_restart_needed", 1.0 if changed else 0.0)
+        if changed:
+            log.warning("the config file changed %s; the agent keeps its running configuration until it "
+                        "restarts (SIGHUP reloads rule files only)", ", ".join(changed))
+
     def reload_rules(self, initial: bool = False) -> None:
         try:
             rules = load_rules(self.rule_dirs, None if initial else self.pipeline.rules)

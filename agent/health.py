@@ -14,7 +14,8 @@ ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan",
                "internal")
 COUNTERS = ("log_lines_read", "log_bytes_read", "log_records_parsed", "log_lines_truncated",
             "log_rotations", "log_truncations", "dump_files_scanned", "watch_events", "resyncs",
-            "queue_overflows", "rule_reloads_success", "rule_reloads_failure")
+            "queue_overflows", "rule_reloads_success", "rule_reloads_failure", "config_reloads_success",
+            "config_reloads_failure")
 
 log = logging.getLogger("precision_agent")
 
@@ -26,7 +27,8 @@ class Health:
         self.errors: dict[str, float] = {kind: 0.0 for kind in ERROR_KINDS}
         self.gauges: dict[str, float] = {"watched_log_files": 0.0, "watched_dump_files": 0.0,
                                          "rule_files_ok": 0.0, "rule_files_error": 0.0, "rules_loaded": 0.0,
-                                         "last_commit_timestamp_seconds": 0.0, "ready": 0.0}
+                                         "last_commit_timestamp_seconds": 0.0, "ready": 0.0,
+                                         "config_restart_needed": 0.0}
         self.start_time = time.time()
         self.last_error: dict[str, str] = {}
 

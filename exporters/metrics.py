@@ -83,7 +83,9 @@ class AgentCollector(Collector):
         yield g
         for name, help_ in (("rules_loaded", "Rules in force."),
                             ("ready", "1 once watches are set up and the agent is processing."),
-                            ("last_commit_timestamp_seconds", "Time of the last state-store commit.")):
+                            ("last_commit_timestamp_seconds", "Time of the last state-store commit."),
+                            ("config_restart_needed", "1 while the config file on disk differs from the "
+                             "running configuration in a setting that takes effect at restart.")):
             g = GaugeMetricFamily(P + name, help_)
             g.add_metric([], gauges[name])
             yield g
@@ -100,10 +102,12 @@ class AgentCollector(Collector):
             c = CounterMetricFamily(P + name, help_)
             c.add_metric([], counters[name])
             yield c
-        c = CounterMetricFamily(P + "rule_reloads", "Rule reloads by result.", labels=["result"])
-        c.add_metric(["success"], counters["rule_reloads_success"])
-        c.add_metric(["failure"], counters["rule_reloads_failure"])
-        yield c
+        for what in ("rule", "config"):
+            c = CounterMetricFamily(P + f"{what}_reloads", f"{what.capitalize()} reloads (SIGHUP) by result.",
+                                    labels=["result"])
+            c.add_metric(["success"], counters[f"{what}_reloads_success"])
+            c.add_metric(["failure"], counters[f"{what}_reloads_failure"])
+            yield c
         c = CounterMetricFamily(P + "errors", "Errors by kind; each also has a log line.", labels=["kind"])
         for kind, v in errors.items():
             c.add_metric([kind], v)

@@ -333,3 +333,36 @@ def test_example_config_starts_the_daemon(tmp_path: Path, fake_systemd: FakeSyst
     assert len(st["watches"]) == 2 and st["rules"], st
     agent.proc.send_signal(signal.SIGTERM)
     assert agent.proc.wait(timeout=DEADLINE + 30) == 0, agent.output()
+
+
+def test_sighup_rereads_the_config_file_and_names_what_needs_a_restart(tmp_path):
+    """SIGHUP re-reads --config as at start: a changed setting is named in the log and raises
+    precision_agent_config_restart_needed (the running configuration stays); a broken file is a
+    config error that keeps the agent running; the original content again clears the gauge."""
+    from agentproc import AgentProcess
+    watch = tmp_path / "logs"
+    watch.mkdir()
+    cfg = tmp_path / "agent.yml"
+    cfg.write_text("resync_interval: 60s\n")
+    agent = AgentProcess(watch, tmp_path / "state", "--config", str(cfg)).start()
+    try:
+        assert agent.metric("precision_agent_config_restart_needed") == 0
+        cfg.write_text("resync_interval: 30s\n")
+        agent.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: agent.metric("precision_agent_config_restart_needed") == 1, DEADLINE,
+                 "restart needed after an edit")
+        assert agent.metric("precision_agent_config_reloads_total", result="success") == 1
+        wait_for(lambda: "changed resync_interval" in agent.stderr(), DEADLINE, "the log names the field")
+        cfg.write_text("resync_interval: [\n")
+        agent.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: agent.metric("precision_agent_config_reloads_total", result="failure") == 1,
+                 DEADLINE, "a failed reload counted")
+        assert agent.metric("precision_agent_errors_total", kind="config") >= 1
+        assert "keeping the running configuration" in agent.stderr()
+        cfg.write_text("resync_interval: 60s\n")
+        agent.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: agent.metric("precision_agent_config_restart_needed") == 0, DEADLINE,
+                 "the original content clears the gauge")
+        assert agent.ready()
+    finally:
+        agent.stop()
