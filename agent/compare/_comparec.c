@@ -598,7 +598,7 @@ static PyObject *py_terms_blocks(PyObject *self, PyObject *args) {
         return NULL;
     Py_buffer vx, vy;
     Py_ssize_t n = nb > 0 ? get_pair(ox, oy, kx, ky, &vx, &vy) : -1;
-    if (n < 0 || fl.len != (n + nb - 1) / nb) {
+    if (n < 0 || fl.len != n / nb + (n % nb != 0)) {
         if (n >= 0) { PyBuffer_Release(&vx); PyBuffer_Release(&vy); }
         PyBuffer_Release(&fl);
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "one flag byte per block, blocks of a positive size");

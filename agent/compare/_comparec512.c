@@ -44,8 +44,9 @@ INL __m256 load8(const void *p, Py_ssize_t i, int kind, __mmask8 m) {
 /* A prefetch 1 KiB ahead of the words at p + i: both loops are bound by arithmetic, and the
  * hardware prefetcher alone left ~12% of pass 2's time waiting on memory for tensors larger than
  * the caches (measured on two 256 MiB sides; no cost in cache). Past the end it is a no-op. */
-INL void ahead(const void *p, Py_ssize_t i, int kind) {
-    _mm_prefetch((const char *)p + i * (kind == K_F32 ? 4 : 2) + 1024, _MM_HINT_T0);
+INL void ahead(const void *p, Py_ssize_t i, int kind) {   /* an address, never a pointer past the end */
+    uintptr_t a = (uintptr_t)p + (uintptr_t)i * (kind == K_F32 ? 4u : 2u) + 1024u;
+    _mm_prefetch((const char *)a, _MM_HINT_T0);
 }
 
 /* Lanes summed in the portable loop's fixed order (lane 0 first, from 0.0). */
@@ -79,10 +80,12 @@ typedef struct {
  * operations as step() in _comparec.c with metrics on and KLD off. */
 INL void step1(A1 *a, __m256 xf, __m256 yf, __mmask8 v) {
     const __m512d eps = _mm512_set1_pd(EPS64);
-    a->lox = _mm256_mask_min_ps(a->lox, v, a->lox, xf);
-    a->hix = _mm256_mask_max_ps(a->hix, v, a->hix, xf);
-    a->loy = _mm256_mask_min_ps(a->loy, v, a->loy, yf);
-    a->hiy = _mm256_mask_max_ps(a->hiy, v, a->hiy, yf);
+    /* min(new, kept) gives kept on a tie (0.0 against -0.0 too), as the portable loop's
+     * new < kept ? new : kept does */
+    a->lox = _mm256_mask_min_ps(a->lox, v, xf, a->lox);
+    a->hix = _mm256_mask_max_ps(a->hix, v, xf, a->hix);
+    a->loy = _mm256_mask_min_ps(a->loy, v, yf, a->loy);
+    a->hiy = _mm256_mask_max_ps(a->hiy, v, yf, a->hiy);
     a->ne += __builtin_popcount(_mm256_mask_cmp_ps_mask(v, xf, yf, _CMP_NEQ_UQ));
     __m512d x = _mm512_cvtps_pd(xf), y = _mm512_cvtps_pd(yf);
     a->sx = _mm512_add_pd(a->sx, x);
@@ -94,7 +97,7 @@ INL void step1(A1 *a, __m256 xf, __m256 yf, __mmask8 v) {
     a->sdd = _mm512_fmadd_pd(d, d, a->sdd);         /* d·d may round: fused, one rounding */
     __m512d ad = _mm512_abs_pd(d);
     a->sad = _mm512_add_pd(a->sad, ad);
-    a->mad = _mm512_max_pd(a->mad, ad);
+    a->mad = _mm512_max_pd(ad, a->mad);
     __m512d ay = _mm512_abs_pd(y);
     __mmask8 yz = _mm256_cmp_ps_mask(yf, _mm256_setzero_ps(), _CMP_EQ_OQ);
     __m512d r = _mm512_div_pd(ad, _mm512_mask_blend_pd(yz, ay, eps));   /* y == 0: |x|/eps */
@@ -102,7 +105,7 @@ INL void step1(A1 *a, __m256 xf, __m256 yf, __mmask8 v) {
     a->c5 += __builtin_popcount(_mm512_mask_cmp_pd_mask(v, r, _mm512_set1_pd(R5), _CMP_LT_OQ));
     __mmask8 big = _mm512_cmp_pd_mask(ay, eps, _CMP_GT_OQ);   /* msaccucmp: |y| <= eps adds 0 */
     a->srel = _mm512_mask_add_pd(a->srel, big, a->srel, r);
-    a->mrel = _mm512_mask_max_pd(a->mrel, big, a->mrel, r);
+    a->mrel = _mm512_mask_max_pd(a->mrel, big, r, a->mrel);
 }
 
 #define PASS1(KX, KY)                                                                          \
