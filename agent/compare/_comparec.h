@@ -1,6 +1,7 @@
-/* What the two halves of the compare kernel share: _comparec.c (the module, the portable
- * GNU C vector loops and every entry point) and _comparec512.c (AVX-512 loops for the two hot
- * calls of the two-pass flow, picked at load time where the CPU has them). */
+/* What the parts of the compare kernel share: _comparec.c (the Python module: arguments, the
+ * choice of loops, every entry point), _comparec_loops.c (the portable GNU C vector loops) and
+ * _comparec512.c (AVX-512 loops for the two hot calls of the two-pass flow, picked at load time
+ * where the CPU has them). */
 #ifndef PRECISION_AGENT_COMPAREC_H
 #define PRECISION_AGENT_COMPAREC_H
 #define PY_SSIZE_T_CLEAN
@@ -59,6 +60,21 @@ typedef struct {
     double sx, sy, sxx, syy, sxy, sdd, sad, srel, mad, mrel, sa, sb, g, tf, pf, qf, lox, hix, loy, hiy;
     int64_t c1, c5, differ;
 } Sums;
+
+static inline int item_size(int kind) { return kind == K_F32 ? 4 : 2; }
+
+/* The portable loops (_comparec_loops.c): cmp_block is block() (kld 0: metrics only, 1: and
+ * KLD's terms with the clamp, 2: without), cmp_terms is terms() (metrics off), cmp_range the
+ * pre-pass's range, cmp_same_sums (Σx, Σx²) of a block equal on both sides (0 when not), the
+ * first_* the indexes the passes only count. */
+void cmp_range(const void *p, Py_ssize_t n, int kind, double *lo, double *hi);
+void cmp_block(int kld, int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp,
+               Sums *o);
+void cmp_terms(int clamps, int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp,
+               Sums *o);
+int cmp_same_sums(const void *px, const void *py, Py_ssize_t n, int kind, double *s, double *q);
+Py_ssize_t cmp_first_diff(const void *px, const void *py, Py_ssize_t n, int kx, int ky);
+Py_ssize_t cmp_first_at(const void *px, const void *py, Py_ssize_t n, int kx, int ky, double mad);
 
 /* The AVX-512 loops (_comparec512.c): c512_usable() says whether this CPU and build have them;
  * c512_block is the metrics-only pass (block(..., kld=None)); c512_terms is KLD's terms of a
