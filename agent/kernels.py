@@ -5,7 +5,9 @@ belong to training, and numpy's pass-per-operation floor cost 3-20x more CPU per
 The C kernels are optional build products (setup.py): a host without a compiler installs and
 runs with numpy. ``PRECISION_AGENT_KERNELS`` picks at run time:
 
-* ``auto`` (default): C where built, numpy otherwise;
+* ``auto`` (default): C where built and vectorised for this CPU (``fast()``: today x86-64 with
+  AVX-512), numpy otherwise: below AVX-512 the portable loops' lane comparisons compile to
+  scalar code, slower than numpy (docs/kernels.md);
 * ``numpy``: numpy even where C is built (to rule the kernels out when chasing a number);
 * ``c``: C or fail at start, for hosts that must not fall back silently.
 """
@@ -57,7 +59,15 @@ def get(kind: str) -> ModuleType | None:
     mod = _import(kind)
     if mod is None and m == "c":
         raise KernelError(f"{ENV}=c but {MODULES[kind]} is not built (no C compiler at install?)")
+    if m == "auto" and mod is not None and not fast(kind):
+        return None
     return mod
+
+
+def fast(kind: str) -> bool:
+    """Whether the compiled module for ``kind`` is built and its loops are vectorised here."""
+    mod = _import(kind)
+    return mod is not None and bool(getattr(mod, "fast", lambda: True)())
 
 
 def active() -> dict[str, str]:

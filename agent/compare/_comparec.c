@@ -90,6 +90,14 @@ static PyObject *py_set_isa(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Whether the loops this CPU runs are vectorised: the AVX-512 ones are. Below AVX-512, GCC
+ * turns the portable loops' comparisons of 512-bit lanes into one scalar compare per lane
+ * (measured 10x slower than their AVX-512 clone, and slower than numpy), so kernels.py prefers
+ * numpy there unless told "c". */
+static PyObject *py_fast(PyObject *self, PyObject *args) {
+    return PyBool_FromLong(c512_usable());
+}
+
 static PyObject *py_isas(PyObject *self, PyObject *args) {
     return c512_usable() ? Py_BuildValue("(ss)", "avx512", "portable") : Py_BuildValue("(s)", "portable");
 }
@@ -304,6 +312,7 @@ static PyMethodDef METHODS[] = {
     {"same", py_same, METH_VARARGS,
      "same(x, y, kind) -> (sum, sum of squares) when the bytes are equal, else None"},
     {"isa", py_isa, METH_NOARGS, "isa() -> 'avx512' or 'portable': the loops block() and terms() run"},
+    {"fast", py_fast, METH_NOARGS, "fast() -> bool: the loops this CPU runs are vectorised"},
     {"isas", py_isas, METH_NOARGS, "isas() -> the isa names this CPU and build can run, fastest first"},
     {"set_isa", py_set_isa, METH_VARARGS, "set_isa(name): run block() and terms() on those loops"},
     {"blocks", py_blocks, METH_VARARGS,
