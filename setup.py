@@ -20,6 +20,6 @@ setup(ext_modules=[
               extra_compile_args=_ARGS, optional=True),
     Extension("precision_agent.compare._comparec",
               ["agent/compare/_comparec.c", "agent/compare/_comparec_loops.c",
-               "agent/compare/_comparec512.c"],
+               "agent/compare/_comparec512.c", "agent/compare/_comparec256.c"],
               depends=["agent/compare/_comparec.h"], extra_compile_args=_ARGS, optional=True),
 ])

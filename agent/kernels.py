@@ -5,9 +5,9 @@ belong to training, and numpy's pass-per-operation floor cost 3-20x more CPU per
 The C kernels are optional build products (setup.py): a host without a compiler installs and
 runs with numpy. ``PRECISION_AGENT_KERNELS`` picks at run time:
 
-* ``auto`` (default): C where built and vectorised for this CPU (``fast()``: today x86-64 with
-  AVX-512), numpy otherwise: below AVX-512 the portable loops' lane comparisons compile to
-  scalar code, slower than numpy (docs/kernels.md);
+* ``auto`` (default): C where built and vectorised for this CPU (``fast()``: x86-64 with AVX2
+  for compare, with AVX-512 for scan), numpy otherwise: elsewhere the portable loops' lane
+  comparisons compile to scalar code, slower than numpy (docs/kernels.md);
 * ``numpy``: numpy even where C is built (to rule the kernels out when chasing a number);
 * ``c``: C or fail at start, for hosts that must not fall back silently.
 """

@@ -89,13 +89,13 @@ def op_table(a: np.ndarray, b: np.ndarray, block: int, repeat: int = 7) -> list[
 
 
 def _paths() -> list[str]:
-    """The kernels to time, the default first: "c" (the loops this CPU picks), "c-portable"
-    where that is AVX-512 (what other x86-64 hosts run), "numpy"."""
+    """The kernels to time, the default first: "c" (the loops this CPU picks), then each other
+    set of loops it can run ("c-avx2", "c-portable": what hosts without AVX-512 run), "numpy"."""
     from precision_agent import kernels
     if not kernels.built("compare"):
         return ["numpy"]
     isas = kernels._import("compare").isas()
-    return ["c", "c-portable", "numpy"] if len(isas) > 1 else ["c", "numpy"]
+    return ["c", *(f"c-{isa}" for isa in isas[1:]), "numpy"]
 
 
 def _isa() -> str | None:

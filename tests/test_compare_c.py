@@ -27,10 +27,10 @@ def cmod_any():
     return kernels._import("compare")
 
 
-@pytest.fixture(params=["avx512", "portable"])
+@pytest.fixture(params=["avx512", "avx2", "portable"])
 def cmod(request, cmod_any):
-    """The kernel, once on each set of loops this CPU can run (AVX-512 where it has it; the
-    portable GNU C vector loops everywhere)."""
+    """The kernel, once on each set of loops this CPU can run (AVX-512, AVX2 where it has them;
+    the portable GNU C vector loops everywhere)."""
     if request.param not in cmod_any.isas():
         pytest.skip(f"this CPU or build has no {request.param} loops")
     before = cmod_any.isa()
@@ -266,7 +266,7 @@ def test_kld_terms_pass_matches_the_one_pass_block(cmod, n):
             one = cmod.block(x, v, 0, 0, True, 0.0, p)
             if cmod.isa() == "portable":
                 assert cmod.terms(x, v, 0, 0, p) == one[15:21]
-            else:   # AVX-512's pass 2: the same terms, its own rounding and near/far split
+            else:   # AVX-512/AVX2 pass 2: the same terms, its own rounding and near/far split
                 assert _whole_terms(cmod.terms(x, v, 0, 0, p)) == pytest.approx(
                     _whole_terms(one[15:21]), rel=1e-9)
             assert cmod.block(x, v, 0, 0, True, 0.0, None)[21:] == (
@@ -298,9 +298,9 @@ def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
         assert compare_arrays(off, y, block_elems=1024) == a and len(calls) == 10
         calls.clear()
         compare_arrays(x.astype(np.float16), y.astype(np.float16), block_elems=1024)
-        # AVX-512: halves take two passes too (8 differing blocks; the identical ones need no
-        # terms where both sides' ranges round to the same float16 values)
-        assert len(calls) >= 8 if cmod.isa() == "avx512" else not calls
+        # AVX-512/AVX2: halves take two passes too (8 differing blocks; the identical ones need
+        # no terms where both sides' ranges round to the same float16 values)
+        assert len(calls) >= 8 if cmod.isa() != "portable" else not calls
         calls.clear()
         assert x[5000] != y[5000]
         x[5000] = y[5000] = np.nan   # now an equal pair, in a block numpy takes; the rest stay
@@ -354,10 +354,12 @@ def test_avx512_loops_agree_with_the_portable_ones(cmod_any):
                 continue
             y = _words(rng, n, ky, xf.astype(np.float64) if rng.random() < 0.8 else None)
             got = {}
-            for isa in ("avx512", "portable"):
+            for isa in cmod_any.isas():
                 cmod_any.set_isa(isa)
                 got[isa] = cmod_any.block(x, y, kx, ky, True, 0.0, None)
             a, p = got["avx512"], got["portable"]
+            if "avx2" in got:   # the same operations lane by lane: the same bits
+                assert repr(got["avx2"]) == repr(a)
             assert (a is None) == (p is None)
             if a is None:
                 continue
@@ -370,9 +372,14 @@ def test_avx512_loops_agree_with_the_portable_ones(cmod_any):
             for clamps in (False, True):
                 if clamps:   # the minimum of each side reaches the clamp
                     par = (lx, 1 / (hx - lx), ly, 1 / (hy - ly), True)
-                for isa in ("avx512", "portable"):
+                for isa in cmod_any.isas():
                     cmod_any.set_isa(isa)
-                    got[isa] = _whole_terms(cmod_any.terms(x, y, kx, ky, par, True))
+                    t = cmod_any.terms(x, y, kx, ky, par, True)
+                    if isa == "avx2":
+                        assert repr(t) == repr(t512)
+                    if isa == "avx512":
+                        t512 = t
+                    got[isa] = _whole_terms(t)
                 for u, v in zip(got["avx512"], got["portable"]):
                     assert u == pytest.approx(v, rel=1e-9, abs=1e-12 * max(1.0, got["portable"][0]))
             checked += 1

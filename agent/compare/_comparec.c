@@ -69,37 +69,67 @@ static PyObject *py_range(PyObject *self, PyObject *args) {
     return Py_BuildValue("dd", lo, hi);
 }
 
-/* Whether block() and terms() take the AVX-512 loops of _comparec512.c (set at load time where
- * the CPU has them; isa()/set_isa() for the tests, which run both). */
-static int use512 = 0;
+/* Which loops block() and terms() take: ISA_512 (_comparec512.c), ISA_256 (_comparec256.c,
+ * the same bits) or the portable ones; the fastest the CPU has at load time, isa()/set_isa()
+ * for the tests, which run every set. */
+enum { ISA_PORTABLE, ISA_256, ISA_512 };
+static int isa = ISA_PORTABLE;
+static const char *const ISA_NAMES[] = {"portable", "avx2", "avx512"};
+
+static int usable(int which) {
+    return which == ISA_PORTABLE || (which == ISA_256 && c256_usable()) || (which == ISA_512 && c512_usable());
+}
+
+static void run_block(int kx, int ky, const void *px, const void *py, Py_ssize_t n, Sums *s) {
+    if (isa == ISA_512) c512_block(kx, ky, px, py, n, s);
+    else if (isa == ISA_256) c256_block(kx, ky, px, py, n, s);
+    else cmp_block(0, kx, ky, px, py, n, NULL, s);
+}
+
+static void run_terms(int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp,
+                      int sums, int clamps, Sums *s) {
+    if (isa == ISA_512) c512_terms(kx, ky, px, py, n, kp, sums, clamps, s);
+    else if (isa == ISA_256) c256_terms(kx, ky, px, py, n, kp, sums, clamps, s);
+    else cmp_terms(clamps, kx, ky, px, py, n, kp, s);
+}
 
 static PyObject *py_isa(PyObject *self, PyObject *args) {
-    return PyUnicode_FromString(use512 ? "avx512" : "portable");
+    return PyUnicode_FromString(ISA_NAMES[isa]);
 }
 
 static PyObject *py_set_isa(PyObject *self, PyObject *args) {
     const char *name;
     if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
-    if (strcmp(name, "portable") == 0) use512 = 0;
-    else if (strcmp(name, "avx512") == 0 && c512_usable()) use512 = 1;
-    else {
-        PyErr_Format(PyExc_ValueError, "isa %R: not 'portable', nor 'avx512' on a CPU and build that have it",
-                     PyTuple_GET_ITEM(args, 0));
-        return NULL;
+    for (int k = 0; k < 3; k++) {
+        if (strcmp(name, ISA_NAMES[k]) == 0 && usable(k)) {
+            isa = k;
+            Py_RETURN_NONE;
+        }
     }
-    Py_RETURN_NONE;
+    PyErr_Format(PyExc_ValueError, "isa %R: not one of isas() on this CPU and build", PyTuple_GET_ITEM(args, 0));
+    return NULL;
 }
 
-/* Whether the loops this CPU runs are vectorised: the AVX-512 ones are. Below AVX-512, GCC
- * turns the portable loops' comparisons of 512-bit lanes into one scalar compare per lane
+/* Whether the loops this CPU runs are vectorised: the AVX-512 and AVX2 ones are. Below that,
+ * GCC turns the portable loops' comparisons of 512-bit lanes into one scalar compare per lane
  * (measured 10x slower than their AVX-512 clone, and slower than numpy), so kernels.py prefers
  * numpy there unless told "c". */
 static PyObject *py_fast(PyObject *self, PyObject *args) {
-    return PyBool_FromLong(c512_usable());
+    return PyBool_FromLong(c512_usable() || c256_usable());
 }
 
 static PyObject *py_isas(PyObject *self, PyObject *args) {
-    return c512_usable() ? Py_BuildValue("(ss)", "avx512", "portable") : Py_BuildValue("(s)", "portable");
+    PyObject *out = PyList_New(0);
+    for (int k = 2; out && k >= 0; k--) {
+        if (!usable(k)) continue;
+        PyObject *name = PyUnicode_FromString(ISA_NAMES[k]);
+        if (!name || PyList_Append(out, name) < 0) Py_CLEAR(out);
+        Py_XDECREF(name);
+    }
+    if (!out) return NULL;
+    PyObject *t = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return t;
 }
 
 static PyObject *py_block(PyObject *self, PyObject *args) {
@@ -120,7 +150,7 @@ static PyObject *py_block(PyObject *self, PyObject *args) {
     Py_ssize_t fd = -1, mi = -1;
     int finite;
     Py_BEGIN_ALLOW_THREADS
-    if (kld == 0 && use512) c512_block(kx, ky, vx.buf, vy.buf, n, &s);
+    if (kld == 0) run_block(kx, ky, vx.buf, vy.buf, n, &s);
     else cmp_block(kld, kx, ky, vx.buf, vy.buf, n, &kp, &s);
     finite = isfinite(s.sx) && isfinite(s.sy);   /* any NaN/Inf makes a float64 sum non-finite */
     if (finite && want_first && s.differ) fd = cmp_first_diff(vx.buf, vy.buf, n, kx, ky);
@@ -149,8 +179,7 @@ static PyObject *py_terms(PyObject *self, PyObject *args) {
     if (n < 0) return NULL;
     Sums s;
     Py_BEGIN_ALLOW_THREADS
-    if (use512) c512_terms(kx, ky, vx.buf, vy.buf, n, &kp, sums, clamps, &s);
-    else cmp_terms(clamps, kx, ky, vx.buf, vy.buf, n, &kp, &s);
+    run_terms(kx, ky, vx.buf, vy.buf, n, &kp, sums, clamps, &s);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&vx);
     PyBuffer_Release(&vy);
@@ -217,8 +246,7 @@ static PyObject *py_blocks(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         if (check_same && kx == ky) eq = cmp_same_sums(bx, by, m, kx, &ss, &sq);
         if (!eq) {
-            if (use512) c512_block(kx, ky, bx, by, m, &s);
-            else cmp_block(0, kx, ky, bx, by, m, NULL, &s);
+            run_block(kx, ky, bx, by, m, &s);
             finite = isfinite(s.sx) && isfinite(s.sy);
             if (finite && want_first && s.differ) fd = cmp_first_diff(bx, by, m, kx, ky);
             if (finite && s.mad > mad_floor) mi = cmp_first_at(bx, by, m, kx, ky, s.mad);
@@ -272,8 +300,7 @@ static PyObject *py_terms_blocks(PyObject *self, PyObject *args) {
             int clamps = (f & 2) != 0;
             Sums s;
             Py_BEGIN_ALLOW_THREADS
-            if (use512) c512_terms(kx, ky, bx, by, m, &kp, (f & 4) != 0, clamps, &s);
-            else cmp_terms(clamps, kx, ky, bx, by, m, &kp, &s);
+            run_terms(kx, ky, bx, by, m, &kp, (f & 4) != 0, clamps, &s);
             Py_END_ALLOW_THREADS
             if (!(isfinite(s.sa) && isfinite(s.sb) && isfinite(s.g) && isfinite(s.tf) && isfinite(s.pf)
                   && isfinite(s.qf))) {
@@ -327,6 +354,6 @@ static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_comparec",
                                     NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__comparec(void) {
-    use512 = c512_usable();
+    isa = c512_usable() ? ISA_512 : c256_usable() ? ISA_256 : ISA_PORTABLE;
     return PyModule_Create(&MODULE);
 }

@@ -81,6 +81,10 @@ Py_ssize_t cmp_first_at(const void *px, const void *py, Py_ssize_t n, int kx, in
  * block (clamps: some element may reach the clamp; sums == 0: without the near terms' Σa, Σb,
  * which the caller derives, never with clamps). */
 int c512_usable(void);
+int c256_usable(void);   /* _comparec256.c: the same two loops with AVX2 + FMA, the same bits */
+void c256_block(int kx, int ky, const void *px, const void *py, Py_ssize_t n, Sums *o);
+void c256_terms(int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp, int sums,
+                int clamps, Sums *o);
 void c512_block(int kx, int ky, const void *px, const void *py, Py_ssize_t n, Sums *o);
 void c512_terms(int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp, int sums,
                 int clamps, Sums *o);

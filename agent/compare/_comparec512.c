@@ -17,9 +17,9 @@
  */
 #include "_comparec.h"
 
-/* -DPRECISION_AGENT_NO_AVX512 builds the stub below on any host (tests/test_kernels.py). */
+/* -DPRECISION_AGENT_NO_INTRINSICS builds the stub below on any host (tests/test_kernels.py). */
 #if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 9)) \
-    && !defined(PRECISION_AGENT_NO_AVX512)
+    && !defined(PRECISION_AGENT_NO_INTRINSICS)
 #include <immintrin.h>
 
 #define T512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma,f16c,popcnt")))
