@@ -63,6 +63,59 @@ typedef struct {
 
 static inline int item_size(int kind) { return kind == K_F32 ? 4 : 2; }
 
+/* -- the loop skeletons of the intrinsics copies (_comparec512.c, _comparec256.c) --------------
+ * KIND_SWITCH runs BODY(KX, KY, A, B) for the (kx, ky) pair of word kinds, so that each pair gets
+ * its own loop with the loads' kind tests resolved at compile time. PASS1_LOOP calls STEP(i, c)
+ * for c = 8 pairs from i, then once for the tail (c < 8). PASS2_CHUNKS does the same by chunks of
+ * FCH pairs, recording (up to NFAR, then the whole block) each chunk in which FAR_SEEN held after
+ * its steps, and afterwards calls FAR(i, c) over the recorded chunks, eight pairs at a time. They
+ * expect n, and PASS2_CHUNKS fars[] and nf, in scope. */
+#define KIND_SWITCH(BODY, A, B)                                                                \
+    switch (kx * 3 + ky) {                                                                     \
+    case 0: BODY(K_F32, K_F32, A, B) break;                                                    \
+    case 1: BODY(K_F32, K_F16, A, B) break;                                                    \
+    case 2: BODY(K_F32, K_BF16, A, B) break;                                                   \
+    case 3: BODY(K_F16, K_F32, A, B) break;                                                    \
+    case 4: BODY(K_F16, K_F16, A, B) break;                                                    \
+    case 5: BODY(K_F16, K_BF16, A, B) break;                                                   \
+    case 6: BODY(K_BF16, K_F32, A, B) break;                                                   \
+    case 7: BODY(K_BF16, K_F16, A, B) break;                                                   \
+    default: BODY(K_BF16, K_BF16, A, B) break;                                                 \
+    }
+
+#define PASS1_LOOP(STEP)                                                                       \
+    {                                                                                          \
+        Py_ssize_t i = 0;                                                                      \
+        for (; i + 8 <= n; i += 8) STEP(i, 8);                                                 \
+        if (i < n) STEP(i, n - i);                                                             \
+    }
+
+#define PASS2_NOTE(c0, FAR_SEEN, FAR_CLEAR)                                                    \
+    if (FAR_SEEN) {                                                                            \
+        if (nf < NFAR) fars[nf] = (c0);                                                        \
+        nf += nf <= NFAR;                                                                      \
+        FAR_CLEAR;                                                                             \
+    }
+
+#define PASS2_CHUNKS(STEP, FAR, FAR_SEEN, FAR_CLEAR)                                           \
+    {                                                                                          \
+        Py_ssize_t i = 0, full = n - n % 8;                                                    \
+        while (i < full) {                                                                     \
+            Py_ssize_t c0 = i, end = i + FCH < full ? i + FCH : full;                          \
+            for (; i < end; i += 8) STEP(i, 8);                                                \
+            PASS2_NOTE(c0, FAR_SEEN, FAR_CLEAR)                                                \
+        }                                                                                      \
+        if (i < n) {                                                                           \
+            STEP(i, n - i);                                                                    \
+            PASS2_NOTE(i, FAR_SEEN, FAR_CLEAR)                                                 \
+        }                                                                                      \
+        for (int k = 0; k < (nf > NFAR ? 1 : nf); k++) {                                       \
+            Py_ssize_t s0 = nf > NFAR ? 0 : fars[k];                                           \
+            Py_ssize_t s1 = nf > NFAR || s0 == full ? n : (s0 + FCH < full ? s0 + FCH : full); \
+            for (i = s0; i < s1; i += 8) FAR(i, (s1 - i >= 8 ? 8 : s1 - i));                   \
+        }                                                                                      \
+    }
+
 /* The portable loops (_comparec_loops.c): cmp_block is block() (kld 0: metrics only, 1: and
  * KLD's terms with the clamp, 2: without), cmp_terms is terms() (metrics off), cmp_range the
  * pre-pass's range, cmp_same_sums (Σx, Σx²) of a block equal on both sides (0 when not), the

@@ -108,18 +108,16 @@ INL void step1(A1 *a, __m256 xf, __m256 yf, __mmask8 v) {
     a->mrel = _mm512_mask_max_pd(a->mrel, big, r, a->mrel);
 }
 
-#define PASS1(KX, KY)                                                                          \
+#define STEP1(i, c)                                                                            \
+    do {                                                                                       \
+        __mmask8 m_ = (__mmask8)((1u << (c)) - 1);                                             \
+        if ((c) == 8) { ahead(px, i, kx_); ahead(py, i, ky_); }                                \
+        step1(&a, load8(px, i, kx_, m_), load8(py, i, ky_, m_), m_);                           \
+    } while (0)
+#define PASS1(KX, KY, A_, B_)                                                                  \
     {                                                                                          \
-        Py_ssize_t i = 0;                                                                      \
-        for (; i + 8 <= n; i += 8) {                                                           \
-            ahead(px, i, KX);                                                                  \
-            ahead(py, i, KY);                                                                  \
-            step1(&a, load8(px, i, KX, 0xff), load8(py, i, KY, 0xff), 0xff);                   \
-        }                                                                                      \
-        if (i < n) {                                                                           \
-            __mmask8 m = (__mmask8)((1u << (n - i)) - 1);                                      \
-            step1(&a, load8(px, i, KX, m), load8(py, i, KY, m), m);                            \
-        }                                                                                      \
+        const int kx_ = KX, ky_ = KY;                                                          \
+        PASS1_LOOP(STEP1)                                                                      \
     }
 
 T512 void c512_block(int kx, int ky, const void *px, const void *py, Py_ssize_t n, Sums *o) {
@@ -130,17 +128,7 @@ T512 void c512_block(int kx, int ky, const void *px, const void *py, Py_ssize_t 
     a.hix = a.hiy = _mm256_set1_ps(-INFINITY);
     a.c1 = a.c5 = a.ne = 0;
     /* each pair of kinds its own loop: the loads' kind tests are resolved at compile time */
-    switch (kx * 3 + ky) {
-    case 0: PASS1(K_F32, K_F32) break;
-    case 1: PASS1(K_F32, K_F16) break;
-    case 2: PASS1(K_F32, K_BF16) break;
-    case 3: PASS1(K_F16, K_F32) break;
-    case 4: PASS1(K_F16, K_F16) break;
-    case 5: PASS1(K_F16, K_BF16) break;
-    case 6: PASS1(K_BF16, K_F32) break;
-    case 7: PASS1(K_BF16, K_F16) break;
-    default: PASS1(K_BF16, K_BF16) break;
-    }
+    KIND_SWITCH(PASS1, 0, 0)
     memset(o, 0, sizeof *o);
     o->sx = lanes_sum(a.sx); o->sy = lanes_sum(a.sy); o->sxx = lanes_sum(a.sxx);
     o->syy = lanes_sum(a.syy); o->sxy = lanes_sum(a.sxy); o->sdd = lanes_sum(a.sdd);
@@ -209,37 +197,24 @@ INL void step2(A2 *a, __m256 xf, __m256 yf, __mmask8 m, const KldP *kp, const P2
     a->g = _mm512_mask3_fmadd_pd(_mm512_mul_pd(e, w), poly(w, wide), a->g, near);   /* += e·w·P */
 }
 
+#define STEP2(i, c)                                                                            \
+    do {                                                                                       \
+        __mmask8 m_ = (__mmask8)((1u << (c)) - 1);                                             \
+        if ((c) == 8) { ahead(px, i, kx_); ahead(py, i, ky_); }                                \
+        step2(&a, load8(px, i, kx_, m_), load8(py, i, ky_, m_), m_, kp, &q2, wide, sums_, cl_); \
+    } while (0)
+#define FAR2(i, c)                                                                             \
+    do {                                                                                       \
+        __mmask8 m_ = (__mmask8)((1u << (c)) - 1);                                             \
+        __m512d u, v, e, w;                                                                    \
+        __mmask8 f = prep2(load8(px, i, kx_, m_), load8(py, i, ky_, m_), m_, kp, &q2, wide, cl_, \
+                           &u, &v, &e, &w);                                                    \
+        if (f) far_terms(&a, u, v, f, kp, cl_);                                                \
+    } while (0)
 #define PASS2(KX, KY, SUMS, CL)                                                                \
     {                                                                                          \
-        const int wide = KX == K_BF16 || KY == K_BF16;                                        \
-        Py_ssize_t i = 0, full = n - n % 8;                                                    \
-        while (i < full) {                                                                     \
-            Py_ssize_t c0 = i, end = i + FCH < full ? i + FCH : full;                          \
-            for (; i < end; i += 8) {                                                          \
-                ahead(px, i, KX);                                                              \
-                ahead(py, i, KY);                                                              \
-                step2(&a, load8(px, i, KX, 0xff), load8(py, i, KY, 0xff), 0xff, kp, &q2, wide, \
-                      SUMS, CL);                                                               \
-            }                                                                                  \
-            if (a.far) { if (nf < NFAR) fars[nf] = c0; nf += nf <= NFAR; a.far = 0; }          \
-        }                                                                                      \
-        if (i < n) {                                                                           \
-            __mmask8 m = (__mmask8)((1u << (n - i)) - 1);                                      \
-            step2(&a, load8(px, i, KX, m), load8(py, i, KY, m), m, kp, &q2, wide, SUMS, CL);   \
-            if (a.far) { if (nf < NFAR) fars[nf] = i; nf += nf <= NFAR; a.far = 0; }           \
-        }                                                                                      \
-        /* the far terms: a·log(a/b), a, b, chunk by chunk (the whole block past NFAR) */    \
-        for (int k = 0; k < (nf > NFAR ? 1 : nf); k++) {                                       \
-            Py_ssize_t s0 = nf > NFAR ? 0 : fars[k];                                           \
-            Py_ssize_t s1 = nf > NFAR || s0 == full ? n : (s0 + FCH < full ? s0 + FCH : full); \
-            for (i = s0; i < s1; i += 8) {                                                     \
-                __mmask8 m = s1 - i >= 8 ? 0xff : (__mmask8)((1u << (s1 - i)) - 1);            \
-                __m512d u, v, e, w;                                                            \
-                __mmask8 f = prep2(load8(px, i, KX, m), load8(py, i, KY, m), m, kp, &q2, wide, \
-                                   CL, &u, &v, &e, &w);                                        \
-                if (f) far_terms(&a, u, v, f, kp, CL);                                         \
-            }                                                                                  \
-        }                                                                                      \
+        const int kx_ = KX, ky_ = KY, sums_ = SUMS, cl_ = CL, wide = KX == K_BF16 || KY == K_BF16; \
+        PASS2_CHUNKS(STEP2, FAR2, a.far, a.far = 0)                                            \
     }
 
 /* a·log(a/b), a and b of the lanes f (a = s_x·u, b = s_y·v, clamped at float32 eps if CL). */
@@ -258,18 +233,7 @@ INL void far_terms(A2 *a, __m512d u, __m512d v, __mmask8 f, const KldP *kp, int 
     a->qf = _mm512_mask_add_pd(a->qf, f, a->qf, q);
 }
 
-#define KINDS2(SUMS, CL)                                                                       \
-    switch (kx * 3 + ky) {                                                                     \
-    case 0: PASS2(K_F32, K_F32, SUMS, CL) break;                                               \
-    case 1: PASS2(K_F32, K_F16, SUMS, CL) break;                                               \
-    case 2: PASS2(K_F32, K_BF16, SUMS, CL) break;                                              \
-    case 3: PASS2(K_F16, K_F32, SUMS, CL) break;                                               \
-    case 4: PASS2(K_F16, K_F16, SUMS, CL) break;                                               \
-    case 5: PASS2(K_F16, K_BF16, SUMS, CL) break;                                              \
-    case 6: PASS2(K_BF16, K_F32, SUMS, CL) break;                                              \
-    case 7: PASS2(K_BF16, K_F16, SUMS, CL) break;                                              \
-    default: PASS2(K_BF16, K_BF16, SUMS, CL) break;                                            \
-    }
+#define KINDS2(SUMS, CL) KIND_SWITCH(PASS2, SUMS, CL)
 
 T512 void c512_terms(int kx, int ky, const void *px, const void *py, Py_ssize_t n, const KldP *kp,
                      int sums, int clamps, Sums *o) {
