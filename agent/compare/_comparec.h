@@ -70,6 +70,28 @@ static inline int item_size(int kind) { return kind == K_F32 ? 4 : 2; }
  * FCH pairs, recording (up to NFAR, then the whole block) each chunk in which FAR_SEEN held after
  * its steps, and afterwards calls FAR(i, c) over the recorded chunks, eight pairs at a time. They
  * expect n, and PASS2_CHUNKS fars[] and nf, in scope. */
+/* The reductions both copies end with, on lanes stored to memory: the sum in the portable loops'
+ * order (lane 0 first, from 0.0), the range of eight float32 lanes. And the address 1 KiB ahead
+ * of word i that both prefetch (an integer: never a pointer past the end). */
+static inline double sum_lanes(const double t[8]) {
+    double s = 0.0;
+    for (int j = 0; j < 8; j++) s += t[j];
+    return s;
+}
+
+static inline void range_lanes(const float lo[8], const float hi[8], double *o_lo, double *o_hi) {
+    *o_lo = INFINITY;
+    *o_hi = -INFINITY;
+    for (int j = 0; j < 8; j++) {
+        *o_lo = lo[j] < *o_lo ? lo[j] : *o_lo;
+        *o_hi = hi[j] > *o_hi ? hi[j] : *o_hi;
+    }
+}
+
+static inline uintptr_t ahead_addr(const void *p, Py_ssize_t i, int kind) {
+    return (uintptr_t)p + (uintptr_t)i * (kind == K_F32 ? 4u : 2u) + 1024u;
+}
+
 #define KIND_SWITCH(BODY, A, B)                                                                \
     switch (kx * 3 + ky) {                                                                     \
     case 0: BODY(K_F32, K_F32, A, B) break;                                                    \

@@ -46,12 +46,11 @@ INL D8 lanes8(int v) {                 /* the lanes of bit mask v, as a vector m
     return (D8){_mm256_castsi256_pd(_mm256_cmpeq_epi64(_mm256_and_si256(b, lo), lo)),
                 _mm256_castsi256_pd(_mm256_cmpeq_epi64(_mm256_and_si256(b, hi), hi))};
 }
-INL double sum8(D8 v) {                /* lane 0 first, from 0.0: the other loops' order */
-    double t[8], s = 0.0;
+INL double sum8(D8 v) {
+    double t[8];
     _mm256_storeu_pd(t, v.l);
     _mm256_storeu_pd(t + 4, v.h);
-    for (int j = 0; j < 8; j++) s += t[j];
-    return s;
+    return sum_lanes(t);
 }
 INL double max8(D8 v) {
     double t[8], m;
@@ -79,20 +78,14 @@ INL __m256 load8(const void *p, Py_ssize_t i, int kind, int m) {
 }
 
 INL void ahead(const void *p, Py_ssize_t i, int kind) {   /* as in _comparec512.c */
-    uintptr_t a = (uintptr_t)p + (uintptr_t)i * (kind == K_F32 ? 4u : 2u) + 1024u;
-    _mm_prefetch((const char *)a, _MM_HINT_T0);
+    _mm_prefetch((const char *)ahead_addr(p, i, kind), _MM_HINT_T0);
 }
 
 INL void range8(__m256 lo, __m256 hi, double *o_lo, double *o_hi) {
     float a[8], b[8];
     _mm256_storeu_ps(a, lo);
     _mm256_storeu_ps(b, hi);
-    *o_lo = INFINITY;
-    *o_hi = -INFINITY;
-    for (int j = 0; j < 8; j++) {
-        *o_lo = a[j] < *o_lo ? a[j] : *o_lo;
-        *o_hi = b[j] > *o_hi ? b[j] : *o_hi;
-    }
+    range_lanes(a, b, o_lo, o_hi);
 }
 
 /* -- pass 1 ------------------------------------------------------------------------------------ */
