@@ -26,6 +26,7 @@ MODULES = {"scan": "precision_agent.dumps._scanc", "compare": "precision_agent.c
 
 _forced: str | None = None
 _cache: dict[str, ModuleType | None] = {}
+_fast: dict[str, bool] = {}   # fast() asks the CPU; the answer holds for the process
 
 
 class KernelError(RuntimeError):
@@ -66,8 +67,10 @@ def get(kind: str) -> ModuleType | None:
 
 def fast(kind: str) -> bool:
     """Whether the compiled module for ``kind`` is built and its loops are vectorised here."""
-    mod = _import(kind)
-    return mod is not None and bool(getattr(mod, "fast", lambda: True)())
+    if kind not in _fast:
+        mod = _import(kind)
+        _fast[kind] = mod is not None and bool(getattr(mod, "fast", lambda: True)())
+    return _fast[kind]
 
 
 def active() -> dict[str, str]:

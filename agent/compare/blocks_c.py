@@ -275,12 +275,16 @@ def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, ac
                 t = None
             if t is None:
                 return False
-            if tot is not None:   # the near terms' Σa, Σb: the block's less the far terms'
-                t = (tot[0] - t[4], tot[1] - t[5], *t[2:])
-            kld.add_g(*t)
+            kld.add_g(*_with_totals(t, tot))
     if acc.kld_todo:
         revisit_identical(sx_, x, y, n, acc, sc, kld, mod)
     return kld
+
+
+def _with_totals(t: tuple, tot: tuple[float, float] | None) -> tuple:
+    """terms()'s partials, with the near terms' Σa, Σb taken as the block's (``tot``, from pass
+    1's sums, when the kernel was asked not to sum them) less the far terms'."""
+    return t if tot is None else (tot[0] - t[4], tot[1] - t[5], *t[2:])
 
 
 def _whole(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -355,8 +359,5 @@ def _pass2_whole(mod: ModuleType, kx: int, ky: int, whole: tuple[np.ndarray, np.
     for k, t in enumerate(rows):
         if t is None:
             continue
-        tot = totals.get(k * n)
-        if tot is not None:   # the near terms' Σa, Σb: the block's less the far terms'
-            t = (tot[0] - t[4], tot[1] - t[5], *t[2:])
-        kld.add_g(*t)
+        kld.add_g(*_with_totals(t, totals.get(k * n)))
     return True
