@@ -110,6 +110,9 @@ class Watch(_Strict):
     format: str = "auto"
     pattern: str | None = None  # a user-defined format: a regex with named groups (step, loss, ...)
     labels: dict[str, LabelValue] = Field(default_factory=dict)
+    # which run a log file's series belong to (agent/readers/runs.py): each file its own run
+    # ("file", the default), one run per folder ("parent_dir"), or only the watch's labels ("label")
+    run_from: Literal["file", "parent_dir", "label"] = "file"
     start_at_end: bool = False  # for a log that existed before the agent ever saw it
     compare: CompareSpec | None = None  # dump watches: compare each completed step with another run
     digest: str | None = None   # dump watches: regex over "op io[index]" of tensors that must be equal

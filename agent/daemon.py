@@ -32,6 +32,7 @@ from .notify import sd_notify, watchdog_interval
 from .pipeline import Pipeline
 from .priority import lower_priority
 from .readers.logstream import LogStream
+from .readers.runs import run_labels
 from .readers.parsers import UnknownFormat
 from .readers.tailer import TailEvent, TailPosition
 from .rulefile import RuleSet, default_rules_dir, load_rules
@@ -302,7 +303,7 @@ class Agent:
                 self.health.error("watch", "not following %s: limits.max_files=%d reached", path,
                                   self.config.limits.max_files)
             return None
-        labels = dict(watch.labels)
+        labels = run_labels(path, watch.run_from, dict(watch.labels))
         try:
             stream = LogStream(path, labels, watch.format, self.offsets.get(path),
                                start_at_end=watch.start_at_end and path not in self.offsets,

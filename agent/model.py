@@ -26,6 +26,11 @@ DUMP_NONFINITE = "dump_nonfinite"  # a scanned dump whose first bad op was found
 DUMP_OVERFLOW = "dump_overflow"  # one overflow record of an Opdebug file (attrs: op, accelerator, status, ...)
 DUMP_FP16_SATURATED = "dump_fp16_saturated"  # fp16 values at ±65504 in one op's dumped outputs
 NONFINITE_MESSAGE = "nonfinite_message"  # an explicit trainer message that loss became NaN/Inf
+# Run-wide facts a log states once (agent/readers/parsers/hints.py); they apply to every series of
+# the file's run, whatever rank printed them
+PRECISION = "precision"        # the run's precision as the log states it (attrs: mode, scaler, source)
+TRAINING_END = "training_end"  # the trainer announced the normal end of training (attrs: marker)
+HINT_METRICS = frozenset({PRECISION, TRAINING_END})
 
 TRAINING_METRICS = (LOSS, EVAL_LOSS, GRAD_NORM, LOSS_SCALE, LEARNING_RATE)
 

@@ -18,7 +18,7 @@ from .alerts import AlertBook
 from .detectors import Clear, Detector, Hit
 from .memory import (WHOLE, CodecError, decode, decode_record, digest, dump_key, dumps, encode, encode_record,
                      explicit, load_key, loads, rule_keys, slots_of)
-from .model import Finding, Labels, Sample
+from .model import HINT_METRICS, Finding, Labels, Sample
 from .rulefile import Rule, RuleSet
 from .series import SeriesState
 
@@ -39,6 +39,8 @@ class Pipeline:
         self.errors: list[str] = []  # detector failures, drained by the owner (counted as errors)
         self.dirty_series: set[Labels] = set()  # series changed since the last state commit
         self.lock = threading.RLock()
+        # run-wide facts (precision, end of training) by run: the series' labels less ``rank``
+        self._run_hints: OrderedDict[Labels, dict[str, Sample]] = OrderedDict()
         self._rules_by_name: dict[str, Rule] = {}
         self.memory = MemoryBook()  # detector memory for the state store (below)
         self._cleared_saved: dict[str, float] = {}
@@ -86,17 +88,48 @@ class Pipeline:
                 self.series.popitem(last=False)  # least recently updated
                 self.evicted_series += 1
             st = self.series[labels] = SeriesState(labels)
+            for hint in self._run_hints.get(run_of(labels), {}).values():
+                st.apply_hint(hint)
         else:
             self.series.move_to_end(labels)
         return st
+
+    def _hint(self, sample: Sample) -> None:
+        """A run-wide fact: every series of the run takes it, and so will the run's later ones."""
+        run = run_of(sample.labels)
+        hints = self._run_hints.get(run)
+        if hints is None:
+            if len(self._run_hints) >= self.max_series:
+                self._run_hints.popitem(last=False)
+            hints = self._run_hints[run] = {}
+        else:
+            self._run_hints.move_to_end(run)
+        hints[sample.metric] = sample
+        for labels, st in self.series.items():
+            if labels == run or run_of(labels) == run:
+                st.apply_hint(sample)
+                self.dirty_series.add(labels)
+
+    def _new_attempt(self, labels: Labels) -> None:
+        """The series' steps went back: its detectors' memory belongs to the attempt before."""
+        for rule in self.rules.rules:
+            for ps in slots_of(rule.detector).values():
+                ps.drop(labels)
 
     def process(self, samples: Iterable[Sample]) -> list[Finding]:
         out: list[Finding] = []
         with self.lock:
             for sample in samples:
+                if sample.metric in HINT_METRICS:
+                    self._hint(sample)
+                    continue
                 series = self.series_for(sample.labels)
                 self.dirty_series.add(sample.labels)
-                for accepted in series.ingest(sample):
+                attempt = series.attempt
+                accepted_samples = series.ingest(sample)
+                if series.attempt != attempt:
+                    self._new_attempt(series.labels)
+                for accepted in accepted_samples:
                     if self.on_accepted is not None:
                         self.on_accepted(accepted, series)
                     for rule in self.rules.rules_for(accepted.metric):
@@ -343,6 +376,11 @@ class MemoryBook:
             if ps is None:
                 raise CodecError(f"unknown memory slot {slot!r}")
             ps.restore(load_key(raw_key), decode_record(ps.factory, loads(data)))
+
+
+def run_of(labels: Labels) -> Labels:
+    """The run a series belongs to: its labels less ``rank`` (one series per rank of a run)."""
+    return tuple(kv for kv in labels if kv[0] != "rank")
 
 
 def _alert_labels(series: Labels, rule: Rule) -> Labels:

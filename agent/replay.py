@@ -3,7 +3,8 @@ daemon uses, and summarise what the agent would have seen and said.
 
 JSON contract (one object): ``file, format, records, steps{first,last}, loss_scale{first,min,
 last,decreases,increases} | null, overflow_steps, nonfinite[{metric,step,line}],
-spikes[{metric,step,line,value}], findings[{rule,kind,severity,step,line,summary}]``.
+spikes[{metric,step,line,value}], findings[{rule,kind,severity,step,line,summary}], precision,
+loss_scaling, finished, attempts``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,17 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
         "nonfinite": nonfinite,
         "spikes": spikes,
         "findings": findings,
+        # what the run is (docs/rules.md, "Precision mode"): over every series of the file
+        "precision": next((s.precision for s in series if s.precision), None),
+        "loss_scaling": _loss_scaling(series),
+        "finished": any(s.finished for s in series),
+        "attempts": max((s.attempt for s in series), default=1),
     }
+
+
+def _loss_scaling(series: list[SeriesState]) -> str:
+    kinds = {s.loss_scaling for s in series}
+    return "yes" if "yes" in kinds else ("no" if "no" in kinds else "unknown")
 
 
 def _step(sample: Sample, series: SeriesState) -> int | None:
@@ -98,6 +109,9 @@ def format_report(r: dict[str, Any]) -> str:
                      f"{ls['decreases']} decrease(s), {ls['increases']} increase(s)")
     else:
         lines.append("loss scale:     not printed by this log")
+    lines.append(f"precision:      {r['precision'] or 'not stated'}; loss scaling {r['loss_scaling']}"
+                 + ("; training finished" if r["finished"] else "")
+                 + (f"; {r['attempts']} attempts" if r["attempts"] > 1 else ""))
     lines.append(f"overflow steps: {r['overflow_steps']}")
     if r["nonfinite"]:
         first = r["nonfinite"][0]

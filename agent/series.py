@@ -10,6 +10,16 @@ records that parsers read become *logical* facts:
   in one Megatron log interval count as one observed decrease (what the log can prove).
 * Trainers that print a skip counter (Megatron per interval, DeepSpeed cumulative) add only the
   skips that no overflow message accounted for, so nothing is counted twice.
+* A dynamic scaler backs off only after an overflow, so every back-off the scale values prove is
+  an overflow event: ``overflow_steps >= scale_decreases`` always holds. Step-less skip messages
+  (torch_npu's ``Gradient overflow. Skipping step``, printed by every rank) are held until the
+  back-off message that follows them, or the next progress, so the copies of one event count once.
+* A non-finite gradient norm with a finite loss, in a run that may use loss scaling, is what a
+  scaler's skipped step looks like (HF Trainer + GradScaler): an overflow event.
+* The run's precision and loss scaling (``loss_scaling``), from what the log states (hints) or
+  how the scale behaves; the end-of-training marker (``finished``); and attempts: a progress
+  step that goes back (a restart from a checkpoint, or a new run in the same file) starts a new
+  attempt, whose scale trajectory starts afresh instead of recording an "increase".
 
 The daemon and ``replay`` share this code; the state is JSON-serialisable so it survives restarts.
 """
@@ -20,12 +30,23 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import (LOSS, LOSS_SCALE, NONFINITE_MESSAGE, OVERFLOW, SKIPPED_CUMULATIVE, SKIPPED_INTERVAL,
-                    Labels, Sample)
+from .model import (GRAD_NORM, HINT_METRICS, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, OVERFLOW, PRECISION,
+                    SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, TRAINING_END, Labels, Sample)
 
 DUP_WINDOW_S = 0.5
+# records read this long after an end-of-training marker mean training went on (the last lines of
+# other ranks and handlers come right after it)
+FINISHED_GRACE_S = 60.0
 _PERSISTED = ("records", "first_step", "last_step", "last_update", "last", "scale_first", "scale_min",
-              "scale_last", "scale_decreases", "scale_increases", "overflow_steps", "nonfinite")
+              "scale_last", "scale_decreases", "scale_increases", "overflow_steps", "nonfinite",
+              "precision", "scaler", "finished", "finished_at", "attempt", "scale_max", "scaler_events", "producer")
+
+# producers whose trainers have no loss scaler at all (torchtitan trains in bf16/fp32 through FSDP's
+# mixed precision)
+NO_SCALER_PRODUCERS = frozenset({"torchtitan"})
+# producers whose printed grad norm covers only the steps that were applied: Megatron leaves the
+# field out when every step of the interval was skipped, so a printed NaN went into the weights
+APPLIED_GRAD_NORM_PRODUCERS = frozenset({"megatron"})
 
 
 @dataclass
@@ -43,6 +64,14 @@ class SeriesState:
     scale_increases: int = 0
     overflow_steps: int = 0
     nonfinite: dict[str, int] = field(default_factory=dict)
+    precision: str | None = None   # fp16 | bf16 | fp32, as the log states it (None: not stated)
+    scaler: str | None = None      # dynamic | static, as the log states it
+    finished: bool = False         # the trainer announced the normal end of training
+    finished_at: float = 0.0       # when that announcement was read
+    attempt: int = 1               # 2, 3, ...: the steps went back (restart, or a new run in the file)
+    scale_max: float | None = None
+    scaler_events: int = 0         # overflow events the scaler or trainer reported itself
+    producer: str = ""             # the parser of the last training record
     # dedup and reconciliation context (persisted with ``to_dict(context=True)``, so that a copy of
     # an overflow message or a skip counter read just after a restart counts as without one)
     _last_transition: tuple[float | None, float | None, float | None] | None = None  # (from, to, log_time)
@@ -52,65 +81,186 @@ class SeriesState:
     _events_since_counter: int = 0
     _last_cumulative: float | None = None
     _progress_step: int | None = None
+    _progress_producer: str = ""
+    _pending_skip: bool = False        # a step-less skip message waits for its back-off message
+    _overflows_since_scale: int = 0    # overflow events counted since the last scale value
+    _window_overflows: int = 0         # overflow events counted since the last progress record
+    _window_before: int = 0            # the same, for the window the last progress record closed
+    _progress_line: tuple[str, int] | None = None  # the line of the last progress record
 
+    # -- what the run is ---------------------------------------------------------------------------
+    @property
+    def dynamic_evidence(self) -> bool:
+        """The scale moved, or the scaler/trainer reported overflows: dynamic loss scaling is on."""
+        if self.scale_decreases or self.scale_increases or self.scaler == "dynamic":
+            return True
+        # a bf16/fp32 trainer skips steps too (Megatron on a NaN gradient): no scaler in that
+        return bool(self.scaler_events) and self.precision not in ("bf16", "fp32")
+
+    @property
+    def loss_scaling(self) -> str:
+        """"yes", "no" or "unknown": whether this run scales its loss (docs/rules.md, "Precision
+        mode"). A scale that never left 1.0, with no overflow or skip, is no loss scaling: that
+        is what Megatron prints in bf16."""
+        if self.dynamic_evidence or self.precision == "fp16" or self.scaler == "static":
+            return "yes"
+        if self.scale_max is not None and self.scale_max > 1.0:
+            return "yes"
+        if self.precision in ("bf16", "fp32") or self.producer in NO_SCALER_PRODUCERS:
+            return "no"
+        if self.scale_max is not None:  # every value seen was 1.0 (or below) and nothing moved
+            return "no"
+        return "unknown"
+
+    def apply_hint(self, s: Sample) -> None:
+        """A run-wide fact (precision, end of training) read on any line of the run's file."""
+        if s.metric == PRECISION:
+            mode, scaler = s.attr("mode"), s.attr("scaler")
+            if mode in ("fp16", "bf16", "fp32"):
+                self.precision = mode
+            if scaler in ("dynamic", "static"):
+                self.scaler = scaler
+        elif s.metric == TRAINING_END:
+            self.finished, self.finished_at = True, s.time
     # -- ingestion -------------------------------------------------------------------------
     def ingest(self, s: Sample) -> list[Sample]:
         """Update the state with one sample; return the samples detectors should judge.
 
         Duplicates return []; a skip counter returns the overflow steps it adds, if any.
         """
+        m = s.metric
+        if m in HINT_METRICS:  # the pipeline hands these to every series of the run
+            self.apply_hint(s)
+            return []
         self.records += 1
         self.last_update = max(self.last_update, s.time)
-        m = s.metric
+        out: list[Sample] = []
+        if s.producer:
+            self.producer = s.producer
         if s.step is not None:
+            # Overflow messages name the step they failed on; only other records show progress.
+            progress = m != OVERFLOW and s.attr("frm") is None
+            if (progress and self._progress_step is not None and s.step < self._progress_step
+                    and s.producer == self._progress_producer):
+                self.new_attempt()
             if self.last_step is None or s.step > self.last_step:
                 self.last_step = s.step
             if self.first_step is None or s.step < self.first_step:
                 self.first_step = s.step
-            # Overflow messages name the step they failed on; only other records show progress.
-            if (m != OVERFLOW and s.attr("frm") is None
-                    and (self._progress_step is None or s.step > self._progress_step)):
-                self._progress_step = s.step
-                self._progress()
+            if progress and (self._progress_step is None or s.step > self._progress_step):
+                self._progress_step, self._progress_producer = s.step, s.producer
+                self._progress(s, out)
         if m == LOSS_SCALE:
-            return [s] if self._scale(s) else []
+            events: list[Sample] = []
+            if self._scale(s, events):
+                out.append(s)
+            return out + events  # the overflow events a back-off proves come after the value
         if m == OVERFLOW:
+            if s.attr("held") and s.step is None:
+                # a step-less skip message: every rank prints one; the back-off message that
+                # follows (or the next progress) says how many events they were
+                self.scaler_events += 1
+                self._pending_skip = True
+                return out
             if self._duplicate_overflow(s):
-                return []
-            self.overflow_steps += 1
-            self._events_since_counter += 1
-            return [s]
+                return out
+            self.scaler_events += 1
+            self._count(1)
+            out.append(s)
+            return out
         if m == SKIPPED_INTERVAL:
-            return self._reconcile(s, int(s.value))
+            return out + self._reconcile(s, int(s.value))
         if m == SKIPPED_CUMULATIVE:
             prev, self._last_cumulative = self._last_cumulative, s.value
             if prev is None or s.value < prev:  # first reading, or the trainer restarted
                 self._events_since_counter = 0
-                return []
-            return self._reconcile(s, int(s.value - prev))
+                return out
+            return out + self._reconcile(s, int(s.value - prev))
         if m == LOSS:
-            self._progress()
+            self._progress(s, out)
         if m != NONFINITE_MESSAGE:
             self.last[m] = s.value
         if m == NONFINITE_MESSAGE or not math.isfinite(s.value):
             self.nonfinite[m] = self.nonfinite.get(m, 0) + 1
-        return [s]
+            if m == GRAD_NORM:
+                self._gradnorm_overflow(s, out)
+        out.append(s)
+        return out
 
-    def _progress(self) -> None:
+    def new_attempt(self) -> None:
+        """The steps went back: a restart from a checkpoint or another run in the same file. The
+        scale trajectory and the copy filters start afresh (totals and counters are kept)."""
+        self.attempt += 1
+        self.scale_last = None
+        self._progress_step = None
+        self.finished = False
+        self._last_transition = None
+        self._last_overflow = None
+        self._progress_since_transition = self._progress_since_overflow = True
+        self._events_since_counter = 0
+        self._last_cumulative = None
+        self._pending_skip = False
+        self._overflows_since_scale = self._window_overflows = self._window_before = 0
+        self._progress_line = None
+
+    def _progress(self, s: Sample, out: list[Sample]) -> None:
+        line = (s.source.path, s.source.line)
+        if line == self._progress_line:
+            return  # another value of the same record
+        if self._pending_skip:  # skip messages that no back-off message followed: one event
+            self._pending_skip = False
+            self._count(1)
+            out.append(self._event(s, 1, "skip"))
         self._progress_since_transition = True
         self._progress_since_overflow = True
+        self._window_before, self._window_overflows = self._window_overflows, 0
+        self._progress_line = line
+        if self.finished and s.time - self.finished_at > FINISHED_GRACE_S:
+            self.finished = False  # training went on well after an announced end (another fit)
+
+    def _count(self, n: int) -> None:
+        self.overflow_steps += n
+        self._events_since_counter += n
+        self._overflows_since_scale += n
+        self._window_overflows += n
+
+    @staticmethod
+    def _event(s: Sample, n: int, variant: str) -> Sample:
+        return Sample(s.labels, OVERFLOW, float(n), s.step, s.source, s.time, s.log_time,
+                      (("variant", variant),), s.producer)
+
+    def _gradnorm_overflow(self, s: Sample, out: list[Sample]) -> None:
+        """A non-finite grad norm beside a finite loss, where the run may scale its loss, is a
+        skipped step; counted once per step, unless a message already counted it."""
+        loss = self.last.get(LOSS)
+        if (self.loss_scaling == "no" or s.producer in APPLIED_GRAD_NORM_PRODUCERS
+                or (loss is not None and not math.isfinite(loss))):
+            return
+        if self._progress_line == (s.source.path, s.source.line):
+            # the record's own progress opened a new window: the step it reports is the one
+            # the window before it covers (where a scaler message would stand)
+            if self._window_before > 0:
+                return
+            self._count(1)
+            self._window_overflows -= 1
+            self._window_before += 1
+        elif self._window_overflows > 0:
+            return
+        else:
+            self._count(1)
+        out.append(self._event(s, 1, "grad_norm"))
 
     def _reconcile(self, s: Sample, skipped: int) -> list[Sample]:
         extra = max(0, skipped - self._events_since_counter)
+        if extra:
+            self.scaler_events += extra
+            self._count(extra)
         self._events_since_counter = 0
-        if extra == 0:
-            return []
-        self.overflow_steps += extra
-        return [Sample(s.labels, OVERFLOW, float(extra), s.step, s.source, s.time, s.log_time,
-                       (("variant", "counter"),))]
+        return [self._event(s, extra, "counter")] if extra else []
 
-    def _scale(self, s: Sample) -> bool:
+    def _scale(self, s: Sample, out: list[Sample]) -> bool:
         frm = s.attr("frm")
+        backoffs = 0
         if frm is not None:
             lt = self._last_transition
             if (lt is not None and not self._progress_since_transition and lt[0] == frm and lt[1] == s.value
@@ -118,25 +268,42 @@ class SeriesState:
                 return False  # another rank's copy of the transition just seen
             self._last_transition = (frm, s.value, s.log_time)
             self._progress_since_transition = False
-            self._observe_scale(frm)
+            backoffs += self._observe_scale(frm)
         elif s.attr("decrease") and self.scale_last is None:
             # "reducing loss scale to X" with no earlier value seen: the message itself
             # proves a decrease happened (apex, fairseq, torch_npu print only the new value)
             self.scale_decreases += 1
-        self._observe_scale(s.value)
+            backoffs += 1
+        if s.attr("decrease") and self._pending_skip:
+            self._pending_skip = False  # the skip messages before this back-off were its copies
+        backoffs += self._observe_scale(s.value)
+        if backoffs:
+            # a dynamic scaler backs off only after an overflow: each back-off the values prove is
+            # an overflow event, unless a message or counter already counted it
+            extra = backoffs - self._overflows_since_scale
+            if extra > 0:
+                self._count(extra)
+                out.append(self._event(s, extra, "backoff"))
+        self._overflows_since_scale = 0
         self.last[LOSS_SCALE] = s.value
         return True
 
-    def _observe_scale(self, v: float) -> None:
+    def _observe_scale(self, v: float) -> int:
+        """Take one scale value; returns the back-offs (halvings) a decrease implies, else 0."""
         if self.scale_first is None:
             self.scale_first = v
-        if self.scale_last is not None:
-            if v < self.scale_last:
+        backoffs = 0
+        last = self.scale_last
+        if last is not None:
+            if v < last:
                 self.scale_decreases += 1
-            elif v > self.scale_last:
+                backoffs = halvings(last, v)
+            elif v > last:
                 self.scale_increases += 1
         self.scale_min = v if self.scale_min is None else min(self.scale_min, v)
+        self.scale_max = v if self.scale_max is None else max(self.scale_max, v)
         self.scale_last = v
+        return backoffs
 
     def _duplicate_overflow(self, s: Sample) -> bool:
         cur = {"step": s.step, "frm": s.attr("frm"), "to": s.attr("to"), "variant": s.attr("variant"),
@@ -192,7 +359,19 @@ _CONTEXT: dict[str, Any] = {  # field (without its underscore) -> type check of 
     "events_since_counter": lambda v: type(v) is int,
     "last_cumulative": _num,
     "progress_step": lambda v: v is None or type(v) is int,
+    "progress_producer": lambda v: type(v) is str,
+    "pending_skip": lambda v: type(v) is bool,
+    "overflows_since_scale": lambda v: type(v) is int,
+    "window_overflows": lambda v: type(v) is int,
+    "window_before": lambda v: type(v) is int,
 }
+
+
+def halvings(frm: float, to: float) -> int:
+    """How many halvings take ``frm`` down to ``to`` (at least 1): interval reports hide several."""
+    if not (0 < to < frm) or not math.isfinite(frm):
+        return 1
+    return max(1, round(math.log2(frm / to)))
 
 
 def far_apart(a: float | None, b: float | None) -> bool:

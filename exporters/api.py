@@ -24,7 +24,8 @@ def status_json(agent: "Agent") -> dict[str, Any]:
     counters, errors, gauges = agent.health.snapshot()
     pipeline = agent.pipeline
     with pipeline.lock:
-        series = [{"labels": dict(s.labels), **s.to_dict()} for s in pipeline.series.values()]
+        series = [{"labels": dict(s.labels), **s.to_dict(), "loss_scaling": s.loss_scaling}
+                  for s in pipeline.series.values()]
         rule_errors = {f: str(e) for f, e in pipeline.rules.errors.items()}
         rules = [{"alert": r.name, "kind": r.spec.kind, "file": r.file, "group": r.group}
                  for r in pipeline.rules.rules]

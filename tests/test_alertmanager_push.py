@@ -145,6 +145,7 @@ def test_resends_refresh_endsat_and_a_silent_agent_expires(am: tuple[str, Webhoo
     url, _sink = am
     job, pusher = Job("r-resend"), _pusher(url, resend_interval="1s", lifetime="3s")
     try:
+        job.scale(2.0)
         t0 = job.scale(1.0)
         pusher.sync(job.alerts(), t0)
         first = wait_for(lambda: _am_alerts(url, "r-resend"), 15, what="the alert in Alertmanager")[0]
@@ -204,7 +205,8 @@ class Quirky:
 
 def _firing(run: str) -> Job:
     job = Job(run)
-    job.scale(1.0)
+    job.scale(2.0)
+    job.scale(1.0)  # a dynamic scaler backed off to its floor: LossScaleAtFloor fires
     return job
 
 
@@ -231,6 +233,7 @@ def test_a_hanging_alertmanager_blocks_neither_sync_nor_other_urls() -> None:
         pusher.sync(job.alerts(), time.time())
         wait_for(srv.holding.is_set, 10, what="the request held by the hanging server")
         second = Job("r-hang-2")
+        second.scale(2.0)
         second.scale(1.0)
         pusher.sync(job.alerts() + second.alerts(), time.time())  # returns while a request is in flight
         assert not srv.release.is_set()

@@ -19,6 +19,7 @@ groups:
         annotations: {summary: "scale {{ $value }}"}
       - alert: NaN
         kind: nonfinite
+        params: {grad_norm_persist: 1}   # every non-finite grad norm hits (none is a skipped step)
         resolve_after: 60s
         labels: {severity: ticket}
 """
@@ -40,6 +41,7 @@ def states(p):
 
 def test_for_delays_firing_and_clear_resolves_after_keep_firing_for(tmp_path):
     p = pipeline(tmp_path)
+    p.process([sample(LOSS_SCALE, 2.0, 99.0, 0)])  # a dynamic scaler backs off to its floor
     p.process([sample(LOSS_SCALE, 1.0, 100.0)])
     assert states(p) == {"Floor": AlertState.PENDING}
     p.tick(105.0)
@@ -61,7 +63,7 @@ def test_for_delays_firing_and_clear_resolves_after_keep_firing_for(tmp_path):
 
 def test_pending_that_clears_never_fires(tmp_path):
     p = pipeline(tmp_path)
-    p.process([sample(LOSS_SCALE, 1.0, 100.0), sample(LOSS_SCALE, 2.0, 101.0, 2)])
+    p.process([sample(LOSS_SCALE, 2.0, 99.0, 0), sample(LOSS_SCALE, 1.0, 100.0), sample(LOSS_SCALE, 2.0, 101.0, 2)])
     p.tick(200.0)
     assert states(p) == {}
     assert [t.new for t in p.alerts.drain_transitions()] == [AlertState.PENDING, AlertState.RESOLVED]

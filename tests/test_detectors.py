@@ -113,10 +113,11 @@ def test_floor_auto_is_1_unless_the_producer_has_another_minimum(tmp_path):
     p.process([_by("fairseq", 4.0, 4, 4)])
     assert states(p) == {"R": AlertState.RESOLVED}
     p2 = pipeline(tmp_path, rule("loss_scale", "{floor: auto}", severity="page"))
-    for producer in ("deepspeed", "apex", ""):  # minimum 1, or no clamp at all: 1 is abnormal
-        (hit,) = p2.process([_by(producer, 1.0, 5, 5)])
+    for i, producer in enumerate(("deepspeed", "apex", "")):  # minimum 1, or no clamp: 1 is abnormal
+        assert p2.process([_by(producer, 2.0, 10 * i + 4, 10 * i + 4)]) == []
+        (hit,) = p2.process([_by(producer, 1.0, 10 * i + 5, 10 * i + 5)])  # a dynamic scaler came down
         assert hit.evidence["floor"] == 1.0 and hit.evidence["floor_source"] == "default"
-        p2.process([_by(producer, 8.0, 6, 6)])
+        p2.process([_by(producer, 8.0, 10 * i + 6, 10 * i + 6)])
     f = Feed(pipeline(tmp_path, rule("loss_scale", "{}")))
     assert f(LOSS_SCALE, 2.0, 1) == [] and len(f(LOSS_SCALE, 1.0, 2)) == 1  # samples without a producer
 
@@ -129,7 +130,7 @@ def test_floor_from_an_explicit_framework_or_number(tmp_path):
     f = Feed(pipeline(tmp_path, rule("loss_scale", "{framework: fairseq, floor: 0.01}")))
     assert f(LOSS_SCALE, 0.02, 1) == [] and len(f(LOSS_SCALE, 0.01, 2)) == 1
     f = Feed(pipeline(tmp_path, rule("loss_scale", "{framework: tf_npu}")))
-    assert len(f(LOSS_SCALE, 1.0, 1)) == 1
+    assert f(LOSS_SCALE, 2.0, 1) == [] and len(f(LOSS_SCALE, 1.0, 2)) == 1
 
 
 def test_fairseq_minimum_reached_message_sets_the_series_floor(tmp_path):
@@ -634,9 +635,9 @@ def test_shipped_rules_cover_every_kind():
     assert {"TrainingNonFinite", "LossScaleAtFloor"} <= set(by_name)
     assert {r.spec.kind for r in rs.rules} == set(KINDS)
     conditions = {r.detector.params.condition for r in rs.rules if r.spec.kind == "loss_scale"}
-    assert conditions == {"floor", "decreases", "overflow_ratio", "jump"}
+    assert conditions == {"floor", "collapse", "decreases", "overflow_ratio", "jump"}
     paging = {r.name for r in rs.rules if r.severity in ("page", "critical")}
-    assert paging == {"TrainingNonFinite", "LossScaleAtFloor", "DumpNonFinite"}
+    assert paging == {"TrainingNonFinite", "LossScaleAtFloor", "LossScaleCollapse", "DumpNonFinite"}
     for r in rs.rules:
         assert {"summary", "description", "runbook_url"} <= set(r.spec.annotations), r.name
 

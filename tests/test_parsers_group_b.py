@@ -360,7 +360,9 @@ CORPUS = {
     "fairseq_2.log": ("fairseq", (4.0, 1.0, 1.0, 2), 2),
     "fairseq_5.log": ("fairseq", (64.0, 8.0, 8.0, 4), 4),  # the overflow_expert* keys are decoys
     "mindspore_1.log": ("mindspore", None, 0),
-    "mindspore_4.log": ("mindspore", (268435460.0, 16384.0, 16384.0, 2), 2),
+    # 2 'overflow cond: True' prints, and the 4 + 10 halvings between the prints are overflows too
+    # (MindSpore halves on every overflow step): 1 before the first value, then 4 and 10
+    "mindspore_4.log": ("mindspore", (268435460.0, 16384.0, 16384.0, 2), 15),
     "ascend_npu_3.log": ("ascend_tf", None, 0),
 }
 

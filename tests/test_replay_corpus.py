@@ -13,7 +13,8 @@ from conftest import corpus_path
 EXPECTED = {
     "megatron_1.log": (8388608.0, 131072.0, 131072.0, 2, 16),
     "megatron_2.log": (8388608.0, 262144.0, 262144.0, 1, 15),
-    "megatron_3.log": (32768.0, 4096.0, 4096.0, 2, 0),
+    # the counter stays 0 (pipeline engine), but 65536 -> 8192 -> 4096 are 3 + 1 back-offs, each an overflow
+    "megatron_3.log": (32768.0, 4096.0, 4096.0, 2, 4),
     "megatron_4.log": (2048.0, 2048.0, 2048.0, 0, 0),
     "megatron_5.log": (4096.0, 4096.0, 4096.0, 0, 0),
     "megatron_6.log": (65536.0, 65536.0, 65536.0, 0, 0),
@@ -61,13 +62,13 @@ def test_replay_report_and_contract_on_generated_log(tmp_path):
     simulated_job(log, iterations=45, pause=0)
     r = replay_json(log)
     assert set(r) == {"file", "format", "records", "steps", "loss_scale", "overflow_steps", "nonfinite", "spikes",
-                      "findings"}
+                      "findings", "precision", "loss_scaling", "finished", "attempts"}
     assert r["format"] == "megatron" and r["steps"] == {"first": 1, "last": 45}
     assert r["loss_scale"]["first"] == 65536.0 and r["loss_scale"]["min"] == 1.0
     assert r["loss_scale"]["decreases"] == 16 and r["overflow_steps"] == 16
     assert r["nonfinite"][0] == {"metric": "grad_norm", "step": 40, "line": 41}
     rules = {f["rule"] for f in r["findings"]}
-    assert rules == {"LossScaleAtFloor", "TrainingNonFinite"}
+    assert rules == {"LossScaleAtFloor", "LossScaleCollapse", "TrainingNonFinite"}
     floor = next(f for f in r["findings"] if f["rule"] == "LossScaleAtFloor")
     assert floor["severity"] == "page" and floor["step"] == 27 and floor["line"] == 28
     text = subprocess.run([sys.executable, "-m", "precision_agent", "replay", str(log)], capture_output=True,

@@ -2,8 +2,11 @@
 
 One rule judges one ``condition`` (the shipped file has one rule per condition):
 
-* ``floor``: the scale is at or below its floor. Hits on every observation at the floor, clears
-  on the first one above it. ``floor: auto`` (the default) takes the floor of the ``framework``
+* ``floor``: a dynamic scaler came down to its floor, or a run known to train in fp16 sits at it.
+  A scale that never moved, with no overflow or skip, in a run of unknown precision (Megatron
+  prints ``loss scale: 1.0`` on every bf16 iteration) or of bf16/fp32, is not a dynamic loss scale
+  at its floor and is not judged (docs/rules.md, "Precision mode"). Hits on every observation at
+  the floor (and on an overflow while there), clears on the first one above it. ``floor: auto`` (the default) takes the floor of the ``framework``
   when one is set, else of the producer that printed the value (the series' detected log
   format): fairseq's scaler goes down to ``--min-loss-scale`` (default 1e-4) and stops training
   there, so a fairseq scale of 1 or 0.5 is ordinary; TF/NPU and MindSpore clamp at 1, and
@@ -17,6 +20,12 @@ One rule judges one ``condition`` (the shipped file has one rule per condition):
 * ``overflow_ratio``: overflow (skipped) steps / steps over the last ``window`` steps above
   ``max_overflow_ratio``, after warm-up, once at least ``min_steps`` steps were seen. Clears when
   the ratio falls back to the threshold or below.
+* ``collapse``: ``min_backoffs`` or more back-offs in a row, with no growth in between, that took
+  the scale down to ``collapse_below`` or lower, deep below where healthy runs settle. No warm-up
+  and no step numbers are needed: a warm-up back-off run that ends there is a collapse too.
+  ``collapse_below: auto`` is 8 (2^3; healthy fp16 runs settle at 2^10..2^17 from initial scales of
+  2^16..2^32), and 2^-6 for fairseq, whose scaler starts at 2^7 and healthy runs go down to 1..4.
+  Clears once the scale grows above that level.
 * ``jump``: one back-off larger than one ``decrease_factor`` (the value fell below
   ``from * decrease_factor / jump_tolerance``). The built-in managers never do this, so the scale
   was set by hand or the run restarted. Only transitions a producer prints per step are judged
@@ -72,8 +81,15 @@ PRODUCER_FLOORS: dict[str, float] = {"fairseq": 1e-4}
 DEFAULT_FLOOR = 1.0
 
 
+# ``collapse_below: auto`` by framework or producer; anything else uses DEFAULT_COLLAPSE
+COLLAPSE_LEVELS: dict[str, float] = {"fairseq": 2.0 ** -6}
+DEFAULT_COLLAPSE = 8.0
+
+
 class LossScaleParams(Params):
-    condition: Literal["floor", "decreases", "overflow_ratio", "jump"] = "floor"
+    condition: Literal["floor", "decreases", "overflow_ratio", "jump", "collapse"] = "floor"
+    collapse_below: Annotated[float, Field(gt=0)] | Literal["auto"] = "auto"
+    min_backoffs: int = Field(3, ge=1)
     floor: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
     framework: Framework = "generic"
     window: int = Field(2000, ge=1)                 # steps
@@ -107,6 +123,10 @@ class _Track:
     active: bool = False
     announced: float | None = None  # floor the producer announced ("Minimum loss scale reached (X)")
     announcing: bool = False        # the next scale value is that announced minimum
+    floor: float | None = None      # floor: the floor in force at the last value, and its source
+    floor_source: str = ""
+    backoffs: int = 0               # collapse: back-offs in a row since the scale last grew
+    run_from: float | None = None   # collapse: the scale that run of back-offs started from
 
 
 _PROGRESS = frozenset({LOSS, GRAD_NORM, LEARNING_RATE, LOSS_SCALE})
@@ -125,8 +145,10 @@ class LossScaleDetector(Detector[LossScaleParams]):
     def wanted_metrics(self) -> frozenset[str]:
         if self.params.condition == "overflow_ratio":
             return frozenset({OVERFLOW}) | _PROGRESS
-        if self.params.condition == "floor" and self.params.floor == "auto":
-            return frozenset({LOSS_SCALE, OVERFLOW})  # OVERFLOW: fairseq's minimum-reached message
+        if self.params.condition == "floor":
+            # OVERFLOW: fairseq's minimum-reached message; an overflow while at the floor proves
+            # the scale there is a dynamic one
+            return frozenset({LOSS_SCALE, OVERFLOW})
         return frozenset({LOSS_SCALE})
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
@@ -135,6 +157,8 @@ class LossScaleDetector(Detector[LossScaleParams]):
             return self._floor(sample, series)
         if cond == "overflow_ratio":
             return self._overflow_ratio(sample, series)
+        if cond == "collapse":
+            return self._collapse(sample, series)
         return self._trajectory(sample, series)
 
     # -- floor -----------------------------------------------------------------------------------
@@ -142,6 +166,13 @@ class LossScaleDetector(Detector[LossScaleParams]):
         if sample.metric != LOSS_SCALE:
             if sample.attr("variant") == "min_scale":
                 self._tracks.get(sample.labels).announcing = True
+                return None
+            t = self._tracks.peek(sample.labels)
+            if series.scale_last is None or t is None or t.active or t.floor is None:
+                return None
+            if series.scale_last <= t.floor and judged_at_floor(series):  # an overflow at the floor
+                t.active = True
+                return self._floor_hit(sample, series, series.scale_last, t.floor, t.floor_source)
             return None
         floor, source = self.floor_for(sample)
         if self.params.floor == "auto":
@@ -150,13 +181,22 @@ class LossScaleDetector(Detector[LossScaleParams]):
                 t.announcing, t.announced = False, sample.value
             if t.announced is not None and t.announced > floor:
                 floor, source = t.announced, "announced by the producer"
-        if sample.value <= floor:
-            return Hit(sample.labels, f"loss scale {sample.value:g} at or below floor {floor:g}",
-                       sample.value, step_of(sample, series),
-                       sample.source, {"loss_scale": sample.value, "floor": floor, "floor_source": source,
-                                       "decreases": series.scale_decreases,
-                                       "first": series.scale_first, "min": series.scale_min})
+        t = self._tracks.get(sample.labels)
+        t.floor, t.floor_source = floor, source
+        if sample.value <= floor and judged_at_floor(series):
+            t.active = True
+            return self._floor_hit(sample, series, sample.value, floor, source)
+        t.active = False
         return Clear(sample.labels)
+
+    @staticmethod
+    def _floor_hit(sample: Sample, series: SeriesState, value: float, floor: float, source: str) -> Hit:
+        return Hit(sample.labels, f"loss scale {value:g} at or below floor {floor:g}",
+                   value, step_of(sample, series),
+                   sample.source, {"loss_scale": value, "floor": floor, "floor_source": source,
+                                   "decreases": series.scale_decreases, "overflow_steps": series.overflow_steps,
+                                   "precision": series.precision or "unknown",
+                                   "first": series.scale_first, "min": series.scale_min})
 
     def floor_for(self, sample: Sample) -> tuple[float, str]:
         """The floor in force for ``sample`` and where it came from (rule, framework, producer)."""
@@ -167,6 +207,50 @@ class LossScaleDetector(Detector[LossScaleParams]):
         if producer in PRODUCER_FLOORS:
             return PRODUCER_FLOORS[producer], producer
         return DEFAULT_FLOOR, "default"
+
+    # -- collapse --------------------------------------------------------------------------------
+    def collapse_level(self, sample: Sample) -> float:
+        level = self.params.collapse_below
+        if level != "auto":
+            return float(level)
+        fw = self.params.framework
+        key = fw if fw != "generic" else (getattr(sample, "producer", "") or "")
+        return COLLAPSE_LEVELS.get(key, DEFAULT_COLLAPSE)
+
+    def _collapse(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        value = sample.value
+        if not math.isfinite(value):
+            return None
+        t = self._tracks.get(sample.labels)
+        frm = sample.attr("frm")
+        prev = t.last
+        if frm is not None and prev is not None and frm > prev:
+            t.backoffs, t.run_from = 0, frm  # grew silently between two messages
+        before = frm if frm is not None else prev
+        t.last = value
+        if before is not None and value > before:
+            t.backoffs, t.run_from = 0, value
+        elif before is not None and value < before:
+            if t.backoffs == 0:
+                t.run_from = before
+            t.backoffs += self._backoffs(before, value)
+        elif before is None and sample.attr("decrease"):
+            t.backoffs, t.run_from = 1, None  # "reducing loss scale to X", the first value seen
+        level = self.collapse_level(sample)
+        if value > level:
+            if t.active:
+                t.active = False
+                return Clear(sample.labels)
+            return None
+        if t.backoffs < self.params.min_backoffs:
+            return None
+        t.active = True
+        since = f"from {t.run_from:g} " if t.run_from is not None else ""
+        return Hit(sample.labels,
+                   f"loss scale collapsed {since}to {value:g} in {t.backoffs} back-offs without growth "
+                   f"(collapse level {level:g})", value, step_of(sample, series), sample.source,
+                   {"loss_scale": value, "backoffs": t.backoffs, "from": t.run_from, "collapse_below": level,
+                    "overflow_steps": series.overflow_steps, "first": series.scale_first, "min": series.scale_min})
 
     # -- warm-up ---------------------------------------------------------------------------------
     def _warm(self, t: _Track, step: int | None, series: SeriesState) -> bool:
@@ -285,3 +369,11 @@ class LossScaleDetector(Detector[LossScaleParams]):
                    ratio, step, sample.source,
                    {"ratio": round(ratio, 6), "overflow_steps": skipped, "steps": span,
                     "max_overflow_ratio": p.max_overflow_ratio, "loss_scale": series.scale_last})
+
+
+def judged_at_floor(series: SeriesState) -> bool:
+    """Whether a scale at the floor is a dynamic scaler that came down there (or a known fp16 run
+    sitting there), rather than a value that is no dynamic loss scale (docs/rules.md)."""
+    if series.dynamic_evidence:
+        return True
+    return series.precision == "fp16" and series.scaler != "static"

@@ -9,7 +9,8 @@ messages cannot page anyone.
 A state kind: hits once when the series has been quiet for ``after``; clears when a new record
 (or step) arrives. A finished run also goes quiet: after ``expire_after`` of silence the
 condition is cleared and the series is no longer judged until it reports again (``0``: never
-expire).
+expire). A series whose trainer announced the normal end of training (``[after training is
+done]``, ``Training completed``, ...: agent/readers/parsers/hints.py) is not judged either.
 """
 
 from __future__ import annotations
@@ -74,6 +75,11 @@ class StalledDetector(Detector[StalledParams]):
                                             or series.nonfinite.get(NONFINITE_MESSAGE)):
             return None  # no steps, or a dump series (scans, comparisons): not a training stream
         t = self._tracks.get(series.labels)
+        if series.finished:  # the trainer announced the end of training: quiet is expected
+            if t.active:
+                t.active = False
+                return Clear(series.labels)
+            return None
         if p.progress == "step":
             if t.step is None or (series.last_step is not None and series.last_step > t.step):
                 t.step, t.since = series.last_step, series.last_update  # e.g. after a restart

@@ -147,7 +147,7 @@ class LogStream:
             # ANSI colour codes never contain a newline, so stripping keeps line numbers exact
             block = Block(strip_ansi(tb.text), tb.first_line)
             records = self.parser.parse(block)
-            stats.records += len(records)
+            stats.records += len(records) - self.parser.hint_records
             text = block.text
             held, prev = None, None  # the producer whose last record is in ``prev`` (not in ``last``)
             for rec in records:

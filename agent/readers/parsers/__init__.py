@@ -16,7 +16,7 @@ from .base import Block, Parser, Record, line_spans, merge_spans
 
 PARSERS: tuple[type[Parser], ...] = tuple(sorted(discover(__name__, __path__, Parser, "name"),
                                                  key=lambda c: (c.priority, c.name)))
-FORMATS: tuple[str, ...] = tuple(p.name for p in PARSERS)
+FORMATS: tuple[str, ...] = tuple(p.name for p in PARSERS if not p.hint)
 
 
 FALLBACK_PRIORITY = 90  # parsers at or above this priority are generic fallbacks
@@ -34,7 +34,7 @@ def _lineup(fmt: str) -> tuple[Parser, ...]:
     with ten thousand followed files, one set of instances per file was a tenth of the
     daemon's memory. A ``per_file`` parser's shared object only answers ``wants``; each file
     parses with its own (see ``CompositeParser._own``)."""
-    return tuple(cls() for cls in (PARSERS if fmt == "auto" else (p for p in PARSERS if p.name == fmt)))
+    return tuple(cls() for cls in (PARSERS if fmt == "auto" else (p for p in PARSERS if p.name == fmt or p.hint)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -52,14 +52,14 @@ class CompositeParser:
     Per file it holds only counts and the parsers that keep per-file context.
     """
 
-    __slots__ = ("parsers", "fixed", "counts", "errors", "_own")
+    __slots__ = ("parsers", "fixed", "counts", "errors", "_own", "hint_records")
 
     def __init__(self, fmt: str = "auto", pattern: str | None = None) -> None:
         """``fmt``: "auto" (every producer), a producer name, or "custom" (only ``pattern``).
         ``pattern``: a user-defined regex format, tried before the built-in producers."""
         if fmt not in ("auto", "custom") and fmt not in FORMATS:
             raise UnknownFormat(f"unknown log format {fmt!r}; known: auto, custom, {', '.join(FORMATS)}")
-        self.parsers: tuple[Parser, ...] = _lineup(fmt) if fmt != "custom" else ()
+        self.parsers: tuple[Parser, ...] = _lineup(fmt if fmt != "custom" else "")
         if pattern is not None:
             try:
                 self.parsers = (_custom(pattern), *self.parsers)
@@ -71,6 +71,7 @@ class CompositeParser:
         self.counts: dict[str, int] = {}  # producer -> records so far (only producers seen)
         self.errors: list[str] = []  # parser failures, drained by the reader that owns this parser
         self._own: dict[str, Parser] | None = None  # this file's instances of per_file parsers
+        self.hint_records = 0  # records of hint parsers in the last parse (no training records)
 
     @property
     def no_copies(self) -> frozenset[str]:
@@ -106,6 +107,7 @@ class CompositeParser:
         probe = text
         claimed: list[tuple[int, int]] = []  # (start, end) of claimed lines, sorted, disjoint
         in_order = True  # whether ``merged`` is known to be in text order already
+        self.hint_records = 0
         for parser in self.parsers:
             if not parser.wants(probe):  # keywords are looked for in unclaimed lines only
                 continue
@@ -120,7 +122,10 @@ class CompositeParser:
                 continue
             if not records:
                 continue
-            self.counts[parser.name] = self.counts.get(parser.name, 0) + len(records)
+            if parser.hint:
+                self.hint_records += len(records)
+            else:
+                self.counts[parser.name] = self.counts.get(parser.name, 0) + len(records)
             in_order = not merged and spans is not None  # spans are only given with ordered records
             merged.extend(records)
             if spans is None:  # a record's line is the line of its position

@@ -49,7 +49,9 @@ class ApexParser(Parser):
                 rec.add(OVERFLOW, 1.0, variant="reduce", to=to)
                 rec.add(LOSS_SCALE, to, decrease=True)
             elif m.group("npu"):
-                rec.add(OVERFLOW, 1.0, variant="skip")
+                # held: every rank prints it, and the back-off message that follows says how many
+                # logical events the copies were (agent/series.py)
+                rec.add(OVERFLOW, 1.0, variant="skip", held=True)
             else:
                 to = to_float(m.group("nto"))
                 if to is None:

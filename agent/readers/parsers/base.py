@@ -214,6 +214,9 @@ class Parser(abc.ABC):
     # are then genuine repeats, never copies from other ranks/handlers)
     copies: ClassVar[bool] = True
     per_file: ClassVar[bool] = False  # True when parse() keeps state between blocks of one file
+    # True for readers of run-wide facts (parsers/hints.py) that run beside every format: they are
+    # no format of their own and do not count when the file's format is decided
+    hint: ClassVar[bool] = False
 
     def record(self, block: Block, pos: int, step: int | None = None) -> Record:
         """A record for a match starting at ``pos``: line, timestamp and rank looked up once."""

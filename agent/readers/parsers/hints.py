@@ -1,0 +1,116 @@
+"""Run-wide facts a log states once: the precision the run trains in, and the normal end of training.
+
+Not a producer of its own (``hint = True``): it runs beside whichever producer reads the file,
+never names the file's format and claims no line, so the producer's parser still reads every
+line. What it reads applies to every series of the run (agent/engine: ``Pipeline``).
+
+Precision, from what trainers and launchers print (``mode`` fp16 | bf16 | fp32, ``scaler``
+dynamic | static); a statement that a mode is off (``fp16 ... False``) says nothing:
+
+* Megatron's argument dump ``  bf16 ........ True``, ``  params_dtype .... torch.bfloat16``;
+* DeepSpeed's config echo ``fp16_enabled ..... True``, ``bfloat16_enabled ..... True``;
+* ``bf16=True`` / ``fp16=True`` in HF ``TrainingArguments(...)`` and fairseq ``Namespace(...)`` reprs,
+  ``'fp16': True`` in dict configs, ``"bf16": {"enabled": true`` in DeepSpeed JSON configs;
+* launch commands ``--bf16`` / ``--fp16``, accelerate's ``mixed_precision: bf16`` /
+  ``Mixed precision type: fp16`` / ``--mixed_precision fp16`` (``no``: fp32);
+* Lightning ``Using 16bit Automatic Mixed Precision (AMP)`` / ``Using bfloat16 Automatic ...``;
+* apex ``Selected optimization level O1`` (O0: fp32), ``loss_scale : dynamic``;
+* MindSpore/MindFormers ``compute_dtype: float16`` and the loss-scale cells/managers
+  (``DynamicLossScaleUpdateCell``, ``FixedLossScaleManager``, ...);
+* Ascend ``precision_mode`` (``allow_mix_precision``, ``force_fp16``, ``..._bf16``, ``must_keep_origin_dtype``).
+
+End of training: Megatron ``[after training is done]`` and ``exiting program at iteration N``,
+HF ``Training completed.``, torchtitan ``Training completed``, Lightning `` `Trainer.fit` stopped``,
+fairseq ``done training in N seconds``, DeepSpeed's launcher ``Process N exits successfully``,
+detectron2 ``Total training time:``, MLPerf ``run_stop ... "status": "success"``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ...model import PRECISION, TRAINING_END
+from .base import Block, Parser, Record
+
+_DOTS = r"\s*\.{3,}\s*"
+_RE = re.compile(
+    rf"(?<![\w-])(?P<dump>fp16|bf16){_DOTS}True\b"
+    rf"|\bparams_dtype{_DOTS}torch\.(?P<pdtype>float16|bfloat16|float32)\b"
+    rf"|\b(?P<ds>fp16|bfloat16|bf16)_enabled{_DOTS}True\b"
+    r"|(?<![\w.])(?P<kw>fp16|bf16)=True\b"
+    r"|['\"](?P<dict>fp16|bf16)['\"]\s*:\s*(?:True|true)\b"
+    r"|\"(?P<json>fp16|bf16)\"\s*:\s*\{\s*\"enabled\"\s*:\s*(?:true|True)\b"
+    r"|(?:^|\s)--(?P<flag>fp16|bf16)(?=\s|$)"
+    r"|\b[Mm]ixed[_ ]precision(?: type)?\s*[:= ]\s*['\"]?(?P<accel>fp16|bf16|no)\b"
+    r"|\bUsing (?P<pl>16bit|bfloat16)\b[^\n]{0,20}Automatic Mixed Precision"
+    r"|\bSelected optimization level O(?P<apex>[0-3])\b"
+    r"|\bloss_scale\s*:\s*(?P<apexdyn>dynamic)\b"
+    r"|\bcompute_dtype['\"]?\s*[:=]\s*['\"]?(?:mstype\.|mindspore\.)?(?P<ms>float16|bfloat16|float32)\b"
+    r"|\b(?P<mscell>Dynamic|Fixed)LossScale(?:UpdateCell|Manager)\b"
+    r"|\bprecision_mode['\"]?\s*[:=]\s*['\"]?(?P<npu>[a-z0-9_]+)"
+    # end of training
+    r"|(?P<end>\[after training is done\]|\bexiting program at iteration \d+"
+    r"|\bTraining completed\b|`Trainer\.fit` stopped|\bdone training in [\d.]+ seconds"
+    r"|\bProcess \d+ exits successfully|\bTotal training time:"
+    r"|\"key\": \"run_stop\"[^\n]*\"status\": \"success\")")
+
+_MODES = {"fp16": "fp16", "bf16": "bf16", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
+          "16bit": "fp16", "no": "fp32"}
+_NPU_FP32 = ("must_keep_origin_dtype", "force_fp32")
+_PREC_GROUPS = ("dump", "pdtype", "ds", "kw", "dict", "json", "flag", "accel", "pl", "ms")
+
+
+def _npu_mode(value: str) -> str | None:
+    if not value.startswith(("allow_", "force_", "must_", "cube_")):
+        return None
+    if "bf16" in value:
+        return "bf16"
+    return "fp32" if value in _NPU_FP32 else "fp16"
+
+
+class HintsParser(Parser):
+    name = "hints"
+    priority = 5
+    hint = True
+    keywords = ("fp16", "bf16", "float16", "16bit", "params_dtype", "ixed_precision", "ixed precision", "optimization level",
+                "loss_scale", "compute_dtype", "LossScale", "precision_mode", "training is done",
+                "exiting program", "Training completed", "Trainer.fit", "done training", "exits successfully",
+                "Total training time", "run_stop")
+
+    def parse_spans(self, block: Block) -> tuple[list[Record], list[tuple[int, int]] | None]:
+        return self.parse(block), []  # claims no line: the producer's parser reads them all
+
+    def parse(self, block: Block) -> list[Record]:
+        out: list[Record] = []
+        for m in _RE.finditer(block.text):
+            g = m.groupdict()
+            rec = self.record(block, m.start())
+            if g["end"] is not None:
+                rec.add(TRAINING_END, 1.0, marker=g["end"][:60])
+                out.append(rec)
+                continue
+            mode = scaler = None
+            for name in _PREC_GROUPS:
+                if g[name] is not None:
+                    mode = _MODES[g[name]]
+                    break
+            else:
+                if g["apex"] is not None:
+                    mode = "fp32" if g["apex"] == "0" else "fp16"
+                elif g["apexdyn"] is not None:
+                    mode, scaler = "fp16", "dynamic"
+                elif g["mscell"] is not None:
+                    scaler = "dynamic" if g["mscell"] == "Dynamic" else "static"
+                elif g["npu"] is not None:
+                    mode = _npu_mode(g["npu"])
+            if mode is None and scaler is None:
+                continue
+            attrs = {"source": m.group()[:60].strip()}
+            if mode is not None:
+                attrs["mode"] = mode
+            if scaler is not None:
+                attrs["scaler"] = scaler
+            rec.add(PRECISION, 1.0, **attrs)
+            out.append(rec)
+        return out
+

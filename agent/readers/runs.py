@@ -1,0 +1,67 @@
+"""Run identity: which run a followed log file belongs to, as a bounded, path-free ``run`` label.
+
+Two runs whose logs share a watched folder must not become one series (the second run's lines
+would resolve the first run's page and its loss scale would "increase" from 1 to 65536). By
+default each file is its own run, named after the file; rotated generations of one file
+(``train.log.1``, ``train.log-20250101``) are the same run. ``run_from: parent_dir`` names the run
+after the folder holding the file (one folder per run, several files in it); ``run_from: label``
+takes only the watch's labels (the agent adds none). A watch whose ``labels`` set ``run`` keeps it.
+
+A file named per rank (``train_rank3.log``, ``rank-3.out``) is one rank of its run: the token
+becomes the ``rank`` label (unless the lines carry torchrun's ``[rank3]:`` prefixes, which win)
+and is left out of the run's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+RUN_FROM = ("file", "parent_dir", "label")
+MAX_RUN_LEN = 64
+
+_ROTATION_RE = re.compile(r"(?:\.\d{1,4}|[-_.]\d{8}(?:[-_T]?\d{4,6})?|\.(?:old|bak|prev))$")
+_EXT_RE = re.compile(r"\.(?:log|txt|out|err|jsonl|json|stdout|stderr)$", re.IGNORECASE)
+_RANK_RE = re.compile(r"(?:^|[-_.])rank[-_]?(\d{1,6})(?=$|[-_.])", re.IGNORECASE)
+_UNSAFE_RE = re.compile(r"[^A-Za-z0-9_.:-]+")
+
+
+def _bounded(name: str) -> str:
+    name = _UNSAFE_RE.sub("_", name).strip("_.-") or "log"
+    if len(name) <= MAX_RUN_LEN:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:MAX_RUN_LEN - 9]}~{digest}"
+
+
+def file_run(path: str) -> tuple[str, str | None]:
+    """``(run, rank)`` from a file name: rotation suffix and extension dropped, a rank token taken out."""
+    name = os.path.basename(path)
+    while True:  # train.log.1, train.log.2024-01-01, train.log.1.bak
+        stripped = _ROTATION_RE.sub("", name)
+        if stripped == name or not stripped:
+            break
+        name = stripped
+    name = _EXT_RE.sub("", name) or name
+    rank = None
+    m = _RANK_RE.search(name)
+    if m:
+        rank = str(int(m.group(1)))
+        name = (name[:m.start()] + name[m.end():]).strip("-_.") or "rank"
+    return _bounded(name), rank
+
+
+def run_labels(path: str, run_from: str, labels: dict[str, str]) -> dict[str, str]:
+    """The labels a followed file's series carry: the watch's, plus ``run`` (and a file's rank)."""
+    out = dict(labels)
+    if run_from == "label" or "run" in out:
+        return out
+    if run_from == "parent_dir":
+        out["run"] = _bounded(os.path.basename(os.path.dirname(os.path.abspath(path))))
+        return out
+    run, rank = file_run(path)
+    out["run"] = run
+    if rank is not None and "rank" not in out:
+        out["rank"] = rank
+    return out
