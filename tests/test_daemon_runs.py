@@ -98,3 +98,33 @@ def test_a_finished_run_is_not_stalled_while_a_quiet_one_is(dirs, tmp_path):
         assert not firing(agent, "Stalled", run="done")
     finally:
         agent.stop()
+
+
+COPY = r"""
+import sys
+with open(sys.argv[1]) as src, open(sys.argv[2], "a") as dst:
+    for line in src:
+        dst.write(line)
+        dst.flush()
+"""
+
+
+@pytest.mark.corpus
+def test_real_logs_of_two_runs_in_one_folder(dirs):
+    """The real apex collapse (32768 -> 0.25) and a real healthy apex run (32768 -> 8192) written into
+    one watched folder: merged, the healthy run's 32768 would resolve the collapse's page."""
+    from conftest import corpus_path
+    logs, state = dirs
+    collapse, healthy = corpus_path("logs", "apex_1.log"), corpus_path("logs", "healthy", "apex_1.log")
+    agent = AgentProcess(logs, state).start()
+    try:
+        subprocess.run([sys.executable, "-c", COPY, str(collapse), str(logs / "job-a.log")], check=True, timeout=30)
+        wait_for(lambda: firing(agent, "LossScaleAtFloor", run="job-a"), what="job a pages")
+        subprocess.run([sys.executable, "-c", COPY, str(healthy), str(logs / "job-b.log")], check=True, timeout=30)
+        wait_for(lambda: agent.metric("precision_agent_training_loss_scale", run="job-b") == 8192.0,
+                 what="job b read")
+        assert firing(agent, "LossScaleAtFloor", run="job-a") and firing(agent, "LossScaleCollapse", run="job-a")
+        assert agent.metric("precision_agent_training_loss_scale", run="job-a") == 0.25
+        assert not [a for a in agent.alerts() if a["labels"].get("run") == "job-b"]
+    finally:
+        agent.stop()

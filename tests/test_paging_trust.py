@@ -398,3 +398,29 @@ def test_replay_json_has_the_run_fields(tmp_path):
     out = json.loads(proc.stdout)
     assert out["findings"] == []
     assert {"precision", "loss_scaling", "finished", "attempts"} <= set(out)
+
+
+@pytest.mark.corpus
+def test_real_rank_copies_of_apex_messages_count_once():
+    """healthy/apex_1: 24 overflow lines, 8 ranks x 3 back-offs: 3 events, 3 decreases."""
+    r = replay(corpus_path("logs", "healthy", "apex_1.log"), RULES)
+    assert r["loss_scale"]["decreases"] == 3 and r["overflow_steps"] == 3
+
+
+@pytest.mark.corpus
+def test_real_finished_run_is_not_stalled_but_the_same_lines_without_the_end_are(tmp_path):
+    from precision_agent.pipeline import Pipeline
+    from precision_agent.readers.logstream import LogStream
+    real = corpus_path("logs", "healthy", "megatron_1.log").read_text()
+    cut = real[:real.index("[after training is done]")]
+    cut = cut[:cut.rfind("\n") + 1]
+    for text, stalled in ((real, False), (cut, True)):
+        path = tmp_path / "train.log"
+        path.write_text(text)
+        p = Pipeline(RULES.fresh(), keep_findings=1000)
+        stream = LogStream(str(path), {"run": "r"})
+        p.process(stream.finish(now=1000.0))
+        stream.close()
+        for t in (1000.0 + 3600, 1000.0 + 3700):
+            p.tick(t)
+        assert bool([f for f in p.findings if f.rule == "TrainingStalled"]) is stalled
