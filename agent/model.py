@@ -7,6 +7,7 @@ through the hot path; validation belongs to config and rule files, not to data.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -177,6 +178,7 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+@functools.lru_cache(maxsize=8192)  # asked for every hit and clear; the same few alerts again and again
 def fingerprint(rule: str, labels: Labels) -> str:
     """Stable identity of an alert: the rule name plus its full label set."""
     raw = json.dumps([rule, list(labels)], separators=(",", ":"))

@@ -24,6 +24,8 @@ from .series import SeriesState
 
 log = logging.getLogger(__name__)
 
+DISPATCH_MAX = 1 << 16  # (metric, series) -> rules entries kept before the cache starts over
+
 
 class Pipeline:
     def __init__(self, rules: RuleSet, max_series: int = 512, keep_findings: int = 0) -> None:
@@ -50,6 +52,7 @@ class Pipeline:
     def set_rules(self, rules: RuleSet) -> None:
         with self.lock:
             self.rules = rules
+            self._dispatch: dict[tuple[str, Labels], tuple[Rule, ...]] = {}
             self._rules_by_name = {r.name: r for r in rules.rules}
             # only kinds that override tick() are asked every evaluation interval
             self._tick_rules = [r for r in rules.rules if type(r.detector).tick is not Detector.tick]
@@ -119,6 +122,7 @@ class Pipeline:
     def process(self, samples: Iterable[Sample]) -> list[Finding]:
         out: list[Finding] = []
         with self.lock:
+            dispatch = self._dispatch
             for sample in samples:
                 if sample.metric in HINT_METRICS:
                     self._hint(sample)
@@ -132,18 +136,29 @@ class Pipeline:
                 for accepted in accepted_samples:
                     if self.on_accepted is not None:
                         self.on_accepted(accepted, series)
-                    for rule in self.rules.rules_for(accepted.metric):
-                        if not rule.matches(accepted.labels):
-                            continue
+                    key = (accepted.metric, accepted.labels)
+                    rules = dispatch.get(key)
+                    if rules is None:
+                        rules = self._rules_for(key)
+                    for rule in rules:
                         try:
                             signal = rule.detector.observe(accepted, series)
                         except Exception as exc:  # one broken rule must not stop the others
                             self._detector_failed(rule, exc)
                             continue
+                        if signal is None:  # most samples change nothing
+                            continue
                         f = self._signal(rule, signal, accepted.time)
                         if f is not None:
                             out.append(f)
         return out
+
+    def _rules_for(self, key: tuple[str, Labels]) -> tuple[Rule, ...]:
+        """The rules that judge a metric of a series (their matchers asked once per series)."""
+        if len(self._dispatch) >= DISPATCH_MAX:
+            self._dispatch.clear()
+        rules = self._dispatch[key] = tuple(r for r in self.rules.rules_for(key[0]) if r.matches(key[1]))
+        return rules
 
     def _detector_failed(self, rule: Rule, exc: Exception) -> None:
         log.exception("rule %s (%s) failed", rule.name, rule.spec.kind)

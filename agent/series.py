@@ -133,22 +133,25 @@ class SeriesState:
             self.apply_hint(s)
             return []
         self.records += 1
-        self.last_update = max(self.last_update, s.time)
+        if s.time > self.last_update:
+            self.last_update = s.time
         out: list[Sample] = []
         if s.producer:
             self.producer = s.producer
-        if s.step is not None:
+        step = s.step
+        if step is not None:
             # Overflow messages name the step they failed on; only other records show progress.
-            progress = m != OVERFLOW and s.attr("frm") is None
-            if (progress and self._progress_step is not None and s.step < self._progress_step
-                    and s.producer == self._progress_producer):
+            progress = m != OVERFLOW and (not s.attrs or s.attr("frm") is None)
+            ps = self._progress_step
+            if progress and ps is not None and step < ps and s.producer == self._progress_producer:
                 self.new_attempt()
-            if self.last_step is None or s.step > self.last_step:
-                self.last_step = s.step
-            if self.first_step is None or s.step < self.first_step:
-                self.first_step = s.step
-            if progress and (self._progress_step is None or s.step > self._progress_step):
-                self._progress_step, self._progress_producer = s.step, s.producer
+                ps = None
+            if self.last_step is None or step > self.last_step:
+                self.last_step = step
+            if self.first_step is None or step < self.first_step:
+                self.first_step = step
+            if progress and (ps is None or step > ps):
+                self._progress_step, self._progress_producer = step, s.producer
                 self._progress(s, out)
         if m == LOSS_SCALE:
             events: list[Sample] = []

@@ -103,12 +103,19 @@ class PerSeries(Generic[V]):
         self.changed: set[Labels] = set()   # handed out since the last persist
         self.removed: set[Labels] = set()   # dropped since the last persist
         self.reset = False                  # too many drops to list: persist everything
+        # the entry ``get`` handed out last: most recently seen and noted as changed already, so
+        # the next ``get`` of the same series (the common case: several values of one record, one
+        # series per run) returns it at once; forgotten when the notes or the entries change
+        self._hot: Labels | None = None
+        self._hot_v: V | None = None
 
     @property
     def factory(self) -> type[V] | Any:
         return self._factory
 
     def get(self, labels: Labels) -> V:
+        if labels is self._hot:
+            return self._hot_v  # type: ignore[return-value]
         v = self._d.get(labels)
         if v is None:
             if len(self._d) >= self._cap:
@@ -117,6 +124,7 @@ class PerSeries(Generic[V]):
         else:
             self._d.move_to_end(labels)
         self.changed.add(labels)
+        self._hot, self._hot_v = labels, v
         return v
 
     def peek(self, labels: Labels) -> V | None:
@@ -126,6 +134,7 @@ class PerSeries(Generic[V]):
         return v
 
     def drop(self, labels: Labels) -> None:
+        self._hot = None
         if self._d.pop(labels, None) is not None:
             self._forget(labels)
 
@@ -139,6 +148,7 @@ class PerSeries(Generic[V]):
 
     def restore(self, labels: Labels, value: V) -> None:
         """Put back a persisted entry (most recently seen last), within the cap."""
+        self._hot = None
         self._d[labels] = value
         self._d.move_to_end(labels)
         while len(self._d) > self._cap:  # e.g. the cap was lowered: those rows go at the next commit
@@ -146,11 +156,13 @@ class PerSeries(Generic[V]):
 
     def persisted(self) -> None:
         """Everything noted so far is in the store."""
+        self._hot = None
         self.changed.clear()
         self.removed.clear()
         self.reset = False
 
     def _forget(self, labels: Labels) -> None:
+        self._hot = None
         self.changed.discard(labels)
         if not self.reset:
             self.removed.add(labels)

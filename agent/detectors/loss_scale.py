@@ -120,6 +120,7 @@ class _Track:
     overflows: deque = field(default_factory=deque)  # (step, skipped steps)
     skipped: float = 0.0                              # sum over ``overflows``
     span_start: int | None = None
+    judged_step: int | None = None  # overflow_ratio: the step last judged
     active: bool = False
     announced: float | None = None  # floor the producer announced ("Minimum loss scale reached (X)")
     announcing: bool = False        # the next scale value is that announced minimum
@@ -144,7 +145,7 @@ class LossScaleDetector(Detector[LossScaleParams]):
 
     def wanted_metrics(self) -> frozenset[str]:
         if self.params.condition == "overflow_ratio":
-            return frozenset({OVERFLOW}) | _PROGRESS
+            return frozenset({OVERFLOW}) | _PROGRESS - {GRAD_NORM}  # a grad norm never comes alone
         if self.params.condition == "floor":
             # OVERFLOW: fairseq's minimum-reached message; an overflow while at the floor proves
             # the scale there is a dynamic one
@@ -342,6 +343,9 @@ class LossScaleDetector(Detector[LossScaleParams]):
         if step is None:
             return None  # a ratio over steps needs step numbers
         t = self._tracks.get(sample.labels)
+        if sample.metric != OVERFLOW and step == t.judged_step:
+            return None  # another value of a step already judged: the ratio is the same
+        t.judged_step = step
         if self._warm(t, step, series):
             return None
         if t.span_start is None or step < t.span_start:  # first step after warm-up, or a restart

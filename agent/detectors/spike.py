@@ -103,7 +103,9 @@ class SpikeDetector(Detector[SpikeParams]):
             return None
         t = self._tracks.get(sample.labels)
         hit: Hit | None = None
-        if len(t.values) >= p.min_history:
+        if len(t.values) >= p.min_history and v - max(t.values) < p.min_delta:
+            t.peak = None  # not above every recent value by min_delta: no spike, whatever the median
+        elif len(t.values) >= p.min_history:
             med, mad = robust_stats(t.values)
             n = len(t.values)
             base = max(p.min_delta, (p.ratio - 1) * abs(med))

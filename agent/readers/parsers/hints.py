@@ -1,8 +1,7 @@
 """Run-wide facts a log states once: the precision the run trains in, and the normal end of training.
 
-Not a producer of its own (``hint = True``): it runs beside whichever producer reads the file,
-never names the file's format and claims no line, so the producer's parser still reads every
-line. What it reads applies to every series of the run (agent/engine: ``Pipeline``).
+Not a producer of its own (``hint = True``): it runs after whichever producer reads the file, on
+the lines no producer claimed, never names the file's format and claims no line. What it reads applies to every series of the run (agent/engine: ``Pipeline``).
 
 Precision, from what trainers and launchers print (``mode`` fp16 | bf16 | fp32, ``scaler``
 dynamic | static); a statement that a mode is off (``fp16 ... False``) says nothing:
@@ -70,47 +69,62 @@ def _npu_mode(value: str) -> str | None:
 
 class HintsParser(Parser):
     name = "hints"
-    priority = 5
+    priority = 99  # last: its keywords are looked for only in the lines no producer claimed
     hint = True
-    keywords = ("fp16", "bf16", "float16", "16bit", "params_dtype", "ixed_precision", "ixed precision", "optimization level",
-                "loss_scale", "compute_dtype", "LossScale", "precision_mode", "training is done",
-                "exiting program", "Training completed", "Trainer.fit", "done training", "exits successfully",
-                "Total training time", "run_stop")
+    keywords = ("fp16", "bf16", "float16", "16bit", "recision", "ization level", ": dynamic", "compute_dtype",
+                "LossScale", "training is done", "exiting program", "Training completed", "Trainer.fit",
+                "done training", "exits successfully", "Total training time", "run_stop")
 
     def parse_spans(self, block: Block) -> tuple[list[Record], list[tuple[int, int]] | None]:
         return self.parse(block), []  # claims no line: the producer's parser reads them all
 
     def parse(self, block: Block) -> list[Record]:
+        """The regex is slow on long text (many alternatives, no common literal): it runs only on
+        the lines that hold a keyword, found with ``str.find``."""
+        text = block.text
+        lines: dict[int, int] = {}
+        for kw in self.keywords:
+            i = text.find(kw)
+            while i != -1:
+                start = text.rfind("\n", 0, i) + 1
+                end = text.find("\n", i)
+                end = len(text) if end < 0 else end
+                lines[start] = end
+                i = text.find(kw, end)
         out: list[Record] = []
-        for m in _RE.finditer(block.text):
-            g = m.groupdict()
-            rec = self.record(block, m.start())
-            if g["end"] is not None:
-                rec.add(TRAINING_END, 1.0, marker=g["end"][:60])
-                out.append(rec)
-                continue
-            mode = scaler = None
-            for name in _PREC_GROUPS:
-                if g[name] is not None:
-                    mode = _MODES[g[name]]
-                    break
-            else:
-                if g["apex"] is not None:
-                    mode = "fp32" if g["apex"] == "0" else "fp16"
-                elif g["apexdyn"] is not None:
-                    mode, scaler = "fp16", "dynamic"
-                elif g["mscell"] is not None:
-                    scaler = "dynamic" if g["mscell"] == "Dynamic" else "static"
-                elif g["npu"] is not None:
-                    mode = _npu_mode(g["npu"])
-            if mode is None and scaler is None:
-                continue
-            attrs = {"source": m.group()[:60].strip()}
-            if mode is not None:
-                attrs["mode"] = mode
-            if scaler is not None:
-                attrs["scaler"] = scaler
-            rec.add(PRECISION, 1.0, **attrs)
-            out.append(rec)
+        for start in sorted(lines):
+            for m in _RE.finditer(text, start, lines[start]):
+                rec = self._record(block, m)
+                if rec is not None:
+                    out.append(rec)
         return out
 
+    def _record(self, block: Block, m: re.Match[str]) -> Record | None:
+        g = m.groupdict()
+        rec = self.record(block, m.start())
+        if g["end"] is not None:
+            rec.add(TRAINING_END, 1.0, marker=g["end"][:60])
+            return rec
+        mode = scaler = None
+        for name in _PREC_GROUPS:
+            if g[name] is not None:
+                mode = _MODES[g[name]]
+                break
+        else:
+            if g["apex"] is not None:
+                mode = "fp32" if g["apex"] == "0" else "fp16"
+            elif g["apexdyn"] is not None:
+                mode, scaler = "fp16", "dynamic"
+            elif g["mscell"] is not None:
+                scaler = "dynamic" if g["mscell"] == "Dynamic" else "static"
+            elif g["npu"] is not None:
+                mode = _npu_mode(g["npu"])
+        if mode is None and scaler is None:
+            return None
+        attrs = {"source": m.group()[:60].strip()}
+        if mode is not None:
+            attrs["mode"] = mode
+        if scaler is not None:
+            attrs["scaler"] = scaler
+        rec.add(PRECISION, 1.0, **attrs)
+        return rec
