@@ -113,11 +113,15 @@ class Pipeline:
                 st.apply_hint(sample)
                 self.dirty_series.add(labels)
 
-    def _new_attempt(self, labels: Labels) -> None:
-        """The series' steps went back: its detectors' memory belongs to the attempt before."""
+    def _new_attempt(self, labels: Labels, now: float) -> None:
+        """The series' steps went back: its detectors' memory belongs to the attempt before, and
+        so do the conditions its state alerts stood for (they clear; the new attempt's data fires
+        them again if they hold)."""
         for rule in self.rules.rules:
             for ps in slots_of(rule.detector).values():
                 ps.drop(labels)
+            if rule.detector.stateful and rule.matches(labels):
+                self.alerts.clear(rule, _alert_labels(labels, rule), now)
 
     def process(self, samples: Iterable[Sample]) -> list[Finding]:
         out: list[Finding] = []
@@ -132,7 +136,7 @@ class Pipeline:
                 attempt = series.attempt
                 accepted_samples = series.ingest(sample)
                 if series.attempt != attempt:
-                    self._new_attempt(series.labels)
+                    self._new_attempt(series.labels, sample.time)
                 for accepted in accepted_samples:
                     if self.on_accepted is not None:
                         self.on_accepted(accepted, series)

@@ -424,3 +424,19 @@ def test_real_finished_run_is_not_stalled_but_the_same_lines_without_the_end_are
         for t in (1000.0 + 3600, 1000.0 + 3700):
             p.tick(t)
         assert bool([f for f in p.findings if f.rule == "TrainingStalled"]) is stalled
+
+
+def test_a_new_attempt_clears_the_state_alerts_of_the_one_before(tmp_path):
+    from precision_agent.model import AlertState
+    from precision_agent.pipeline import Pipeline
+    from precision_agent.readers.logstream import LogStream
+    path = tmp_path / "train.log"
+    path.write_text("\n".join([megatron(i, f"{2.0 ** (16 - i)}") for i in range(1, 16)]
+                              + [megatron(i, "65536.0") for i in (5, 6, 7)]) + "\n")
+    p = Pipeline(RULES.fresh(), keep_findings=1000)
+    stream = LogStream(str(path), {"run": "r"})
+    p.process(stream.finish(now=1000.0))
+    stream.close()
+    assert {f.rule for f in p.findings} >= {"LossScaleCollapse"}
+    states = {a.rule: a.state for a in p.alerts.alerts.values()}
+    assert states["LossScaleCollapse"] == AlertState.RESOLVED
