@@ -76,9 +76,10 @@ test_module.__test__ = False  # a helper, not a test
 
 # -- the shipped rule tests, through the command line ----------------------------------------------
 def test_shipped_rule_tests_exist_and_cover_the_key_rules():
-    assert {p.name for p in SHIPPED_TESTS} >= {"training_test.yml", "dumps_test.yml"}
+    assert {p.name for p in SHIPPED_TESTS} >= {"training_test.yml", "dumps_test.yml", "fusion_test.yml"}
     text = "\n".join(p.read_text() for p in SHIPPED_TESTS)
-    for name in ("TrainingNonFinite", "LossScaleAtFloor", "TrainingLossSpike", "TrainingStalled", "DumpNonFinite"):
+    for name in ("TrainingNonFinite", "LossScaleAtFloor", "LossScaleCollapse", "TrainingLossSpike", "TrainingStalled",
+                 "DumpNonFinite", "FusionSuspected"):
         assert f"alertname: {name}" in text
 
 

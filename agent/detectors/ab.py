@@ -1,0 +1,217 @@
+"""``ab``: two runs that differ in one label, compared on the training curves they share.
+
+Ascend's accuracy guide settles "did operator fusion cause it?" by training again with fusion
+off and asking whether accuracy clearly improved. This kind asks that of two series that differ
+only in the label ``by`` (default ``fusion``): the ``suspect`` side (``on``) against the
+``reference`` side (``off``), over the steps both reached. The same kind with another label (e.g.
+``by: attempt`` or ``by: seed``) is the "run it twice" check on curves.
+
+Verdicts (``judge``, shared with ``precision-agent fusion ab``):
+
+* ``fusion_suspected``: the suspect run is clearly worse: a NaN/Inf loss (or the trainer saying
+  so), or a loss-scale collapse, that the reference run did not have by the same step; or, over
+  the last ``window`` common steps, a loss gap beyond noise: the median of the per-step
+  differences is above ``min_gap`` of the reference loss *and* a sign test says the suspect side
+  is higher on more steps than chance allows (one-sided binomial, ``alpha``). One noisy step moves
+  neither the median nor the sign count, so it never decides.
+* ``fusion_off_worse``: the same, the other way round.
+* ``no_difference``: enough common steps and neither test holds (or both sides broke).
+* ``insufficient_data``: fewer than ``min_steps`` common steps with a finite loss on both sides.
+
+Steps are the trainer's step numbers; for producers that print none (HF Trainer), the n-th loss
+report of each run stands for its step n. A state kind: hits while the verdict is
+``fusion_suspected`` (alert labels: the pair's labels without ``by``), clears when it is no longer.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from pydantic import Field
+
+from ..model import GRAD_NORM, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, Labels, Sample
+from ..series import SeriesState
+from .base import Clear, Detector, Hit, Params, PerSeries
+
+COLLAPSE_SCALE = 8.0  # a dynamic loss scale this low after backing off has collapsed (loss_scale.py)
+Verdict = Literal["fusion_suspected", "no_difference", "fusion_off_worse", "insufficient_data"]
+
+
+class AbParams(Params):
+    by: str = "fusion"               # the label whose values tell the two runs apart
+    suspect: str = "on"              # the side suspected (fusion on)
+    reference: str = "off"           # the side it is held against (fusion off)
+    window: int = Field(50, ge=3)    # the last common steps whose losses are compared
+    min_steps: int = Field(20, ge=3)  # common steps needed before any verdict on the loss gap
+    min_gap: float = Field(0.02, ge=0)   # relative median loss gap that counts (2 %)
+    alpha: float = Field(0.01, gt=0, lt=0.5)  # sign-test significance
+    max_points: int = Field(4096, ge=16)  # losses kept per side (the latest)
+
+
+class Curve(NamedTuple):
+    """One side as the judgement needs it."""
+
+    loss: dict[int, float]       # step -> finite loss
+    bad: tuple[int, str] | None  # first step of a NaN/Inf loss or a collapse, and which
+    top: int | None              # the highest step seen
+
+
+@dataclass
+class AbResult:
+    verdict: Verdict
+    steps_compared: int
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "steps_compared": self.steps_compared, "evidence": self.evidence}
+
+
+def _tail_p(n: int, k: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, 1/2): how likely k or more of n signs are positive by chance."""
+    if k <= 0:
+        return 1.0
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0 ** n
+
+
+def _broke_first(a: Curve, b: Curve) -> bool:
+    """``a`` broke at a step ``b`` reached without breaking."""
+    if a.bad is None or b.top is None or b.top < a.bad[0]:
+        return False
+    return b.bad is None or b.bad[0] > a.bad[0]
+
+
+def judge(suspect: Curve, reference: Curve, p: AbParams) -> AbResult:
+    if _broke_first(suspect, reference):
+        return AbResult("fusion_suspected", 0, {"check": suspect.bad[1], "suspect_step": suspect.bad[0],
+                                                "reference_reached": reference.top})
+    if _broke_first(reference, suspect):
+        return AbResult("fusion_off_worse", 0, {"check": reference.bad[1], "reference_step": reference.bad[0],
+                                                "suspect_reached": suspect.top})
+    common = sorted(set(suspect.loss) & set(reference.loss))
+    if len(common) < p.min_steps:
+        return AbResult("insufficient_data", len(common), {"min_steps": p.min_steps})
+    steps = common[-p.window:]
+    diffs = [suspect.loss[s] - reference.loss[s] for s in steps]
+    med = statistics.median(diffs)
+    level = statistics.median(abs(reference.loss[s]) for s in steps) or 1.0
+    rel = med / level
+    pos = sum(d > 0 for d in diffs)
+    neg = sum(d < 0 for d in diffs)
+    n = pos + neg
+    p_worse, p_better = _tail_p(n, pos), _tail_p(n, neg)
+    evidence = {"check": "loss_gap", "from_step": steps[0], "to_step": steps[-1], "median_gap": med,
+                "relative_gap": round(rel, 6), "suspect_higher": pos, "reference_higher": neg,
+                "p_suspect_worse": round(p_worse, 8), "p_reference_worse": round(p_better, 8),
+                "min_gap": p.min_gap, "alpha": p.alpha}
+    if rel > p.min_gap and p_worse < p.alpha:
+        return AbResult("fusion_suspected", len(steps), evidence)
+    if rel < -p.min_gap and p_better < p.alpha:
+        return AbResult("fusion_off_worse", len(steps), evidence)
+    return AbResult("no_difference", len(steps), evidence)
+
+
+@dataclass
+class _Pair:
+    """Both sides of one pair (flat fields: the memory codec stores plain records)."""
+
+    loss_s: dict = field(default_factory=dict)
+    loss_r: dict = field(default_factory=dict)
+    bad_s: list = field(default_factory=list)   # [step, what] once the side broke
+    bad_r: list = field(default_factory=list)
+    top_s: int = -1
+    top_r: int = -1
+    n_s: int = 0                                # loss reports so far (the step of step-less logs)
+    n_r: int = 0
+    active: bool = False
+
+
+def take(sample: Sample, series: SeriesState, side: dict[str, Any], max_points: int) -> bool:
+    """Add one sample to a side (``loss``, ``bad``, ``top``, ``n`` as in ``_Pair``); returns whether
+    the curve changed in a way that may change the verdict."""
+    m = sample.metric
+    if m == LOSS:
+        side["n"] += 1
+    step = sample.step if sample.step is not None else (side["n"] if m == LOSS else None)
+    if step is None:
+        step = series.last_step if series.last_step is not None else side["n"]
+    if step > side["top"]:
+        side["top"] = step
+    what = None
+    if m == LOSS and not math.isfinite(sample.value):
+        what = "nonfinite_loss"
+    elif m == NONFINITE_MESSAGE:
+        what = "nonfinite_loss"
+    elif m == GRAD_NORM and not math.isfinite(sample.value) and series.loss_scaling == "no":
+        what = "nonfinite_grad_norm"
+    elif m == LOSS_SCALE and sample.value <= COLLAPSE_SCALE and series.scale_decreases:
+        what = "loss_scale_collapse"
+    if what is not None:
+        if not side["bad"]:
+            side["bad"][:] = [step, what]
+            return True
+        return False
+    if m == LOSS:
+        loss = side["loss"]
+        loss[step] = sample.value
+        while len(loss) > max_points:
+            del loss[next(iter(loss))]
+        return True
+    return False
+
+
+def curve(side: dict[str, Any]) -> Curve:
+    bad = side["bad"]
+    return Curve(side["loss"], (bad[0], bad[1]) if bad else None, side["top"] if side["top"] >= 0 else None)
+
+
+def new_side() -> dict[str, Any]:
+    return {"loss": {}, "bad": [], "top": -1, "n": 0}
+
+
+class AbDetector(Detector[AbParams]):
+    kind = "ab"
+    params_model = AbParams
+    metrics = frozenset({LOSS, GRAD_NORM, LOSS_SCALE, NONFINITE_MESSAGE})
+    stateful = True
+
+    def __init__(self, params: AbParams) -> None:
+        super().__init__(params)
+        self._pairs: PerSeries[_Pair] = PerSeries(_Pair)
+
+    def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        p = self.params
+        labels = dict(sample.labels)
+        which = labels.pop(p.by, None)
+        if which not in (p.suspect, p.reference):
+            return None
+        group: Labels = tuple(sorted(labels.items()))
+        pair = self._pairs.get(group)
+        tag = "s" if which == p.suspect else "r"
+        side = self._side(pair, tag)
+        changed = take(sample, series, side, p.max_points)
+        setattr(pair, "top_" + tag, side["top"])
+        setattr(pair, "n_" + tag, side["n"])
+        if not changed:
+            return None
+        result = judge(curve(self._side(pair, "s")), curve(self._side(pair, "r")), p)
+        if result.verdict != "fusion_suspected":
+            if pair.active:
+                pair.active = False
+                return Clear(group)
+            return None
+        pair.active = True
+        ev = result.to_json()
+        what = ev["evidence"].get("check")
+        message = (f"with {p.by}={p.suspect} the run is clearly worse than with {p.by}={p.reference} "
+                   f"({what}, {result.steps_compared} common steps)")
+        return Hit(group, message, ev["evidence"].get("relative_gap"), sample.step, sample.source,
+                   {"verdict": result.verdict, "steps_compared": result.steps_compared, "by": p.by,
+                    "suspect": p.suspect, "reference": p.reference, **ev["evidence"]})
+
+    @staticmethod
+    def _side(pair: _Pair, tag: str) -> dict[str, Any]:
+        return {"loss": getattr(pair, "loss_" + tag), "bad": getattr(pair, "bad_" + tag),
+                "top": getattr(pair, "top_" + tag), "n": getattr(pair, "n_" + tag)}

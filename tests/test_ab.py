@@ -1,0 +1,130 @@
+"""The ``ab`` kind (issue 11, part 4): a fusion-on run against a fusion-off run on the curves both
+have. Verdicts on curve pairs (collapse only with fusion on, noise only, off worse, too few steps),
+through ``judge`` and through the real pipeline with the shipped FusionSuspected rule."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from precision_agent.detectors.ab import AbParams, Curve, judge
+from precision_agent.model import LOSS, LOSS_SCALE, Sample, SourcePos
+from precision_agent.pipeline import Pipeline
+from precision_agent.rulefile import default_rules_dir, load_rules
+
+P = AbParams()
+
+
+def curve(losses: dict[int, float], bad: tuple[int, str] | None = None) -> Curve:
+    return Curve(dict(losses), bad, max(losses) if losses else None)
+
+
+def base(steps: int, seed: int, noise: float = 0.02) -> dict[int, float]:
+    rnd = random.Random(seed)
+    return {s: 6.0 * math.exp(-s / 300) + 2.0 + rnd.gauss(0, noise) for s in range(1, steps + 1)}
+
+
+def test_noise_only_is_no_difference():
+    for seed in range(20):
+        r = judge(curve(base(200, seed)), curve(base(200, 1000 + seed)), P)
+        assert r.verdict == "no_difference", (seed, r)
+
+
+def test_one_noisy_step_decides_nothing():
+    on, off = base(200, 1), base(200, 2)
+    on[190] += 5.0  # a single bad batch with fusion on
+    assert judge(curve(on), curve(off), P).verdict == "no_difference"
+
+
+def test_a_loss_gap_beyond_noise_with_fusion_on_is_suspected():
+    on, off = base(200, 3), base(200, 4)
+    on = {s: v * 1.05 for s, v in on.items()}  # 5 % worse with fusion on
+    r = judge(curve(on), curve(off), P)
+    assert r.verdict == "fusion_suspected" and r.steps_compared == 50
+    assert r.evidence["check"] == "loss_gap" and r.evidence["relative_gap"] > 0.02
+
+
+def test_fusion_off_worse():
+    on, off = base(200, 5), base(200, 6)
+    off = {s: v * 1.05 for s, v in off.items()}
+    assert judge(curve(on), curve(off), P).verdict == "fusion_off_worse"
+
+
+def test_collapse_only_with_fusion_on_is_suspected_at_once():
+    on, off = base(40, 7), base(60, 8)
+    r = judge(curve(on, (35, "loss_scale_collapse")), curve(off), P)
+    assert r.verdict == "fusion_suspected" and r.evidence["check"] == "loss_scale_collapse"
+
+
+def test_a_break_the_other_run_had_not_reached_yet_is_no_verdict():
+    on, off = base(40, 9), base(20, 10)
+    r = judge(curve(on, (35, "nonfinite_loss")), curve(off), P)
+    assert r.verdict != "fusion_suspected"  # fusion off has not reached step 35: we cannot say yet
+
+
+def test_too_few_common_steps():
+    assert judge(curve(base(200, 11)), curve(base(10, 12)), P).verdict == "insufficient_data"
+    assert judge(curve({}), curve({}), P).verdict == "insufficient_data"
+
+
+# --- through the real pipeline and the shipped rule ---------------------------------------------------
+
+def feed(p: Pipeline, fusion: str, step: int, metric: str, value: float) -> list:
+    labels = (("fusion", fusion), ("job", "llama"))
+    return p.process([Sample(labels, metric, value, step, SourcePos(f"{fusion}.log", step), time=1000.0 + step,
+                             producer="megatron")])
+
+
+def shipped() -> Pipeline:
+    rs = load_rules([default_rules_dir()])
+    return Pipeline(rs, keep_findings=1000)
+
+
+def test_shipped_rule_fires_on_a_nan_only_with_fusion_on_and_names_the_pair():
+    p = shipped()
+    for s in range(1, 31):
+        feed(p, "off", s, LOSS, 3.0 - s * 0.01)
+        feed(p, "on", s, LOSS, 3.0 - s * 0.01 if s < 25 else math.nan)
+    fs = [f for f in p.findings if f.rule == "FusionSuspected"]
+    assert len(fs) == 1
+    assert dict(fs[0].labels) == {"job": "llama", "severity": "ticket"}
+    assert fs[0].evidence["check"] == "nonfinite_loss" and fs[0].evidence["suspect_step"] == 25
+
+
+def test_shipped_rule_quiet_on_two_equal_runs_and_on_other_labels():
+    p = shipped()
+    rnd = random.Random(1)
+    for s in range(1, 101):
+        feed(p, "off", s, LOSS, 3.0 - s * 0.01 + rnd.gauss(0, 0.01))
+        feed(p, "on", s, LOSS, 3.0 - s * 0.01 + rnd.gauss(0, 0.01))
+        feed(p, "maybe", s, LOSS, 9.0)  # neither side of the pair
+    assert not [f for f in p.findings if f.rule == "FusionSuspected"]
+
+
+def test_shipped_rule_fires_on_a_collapse_only_with_fusion_on():
+    p = shipped()
+    scale = 65536.0
+    for s in range(1, 31):
+        feed(p, "off", s, LOSS_SCALE, 65536.0)
+        feed(p, "off", s, LOSS, 3.0)
+        if s > 10:
+            scale = max(1.0, scale / 4)
+        feed(p, "on", s, LOSS_SCALE, scale)
+        feed(p, "on", s, LOSS, 3.0)
+    (f,) = [f for f in p.findings if f.rule == "FusionSuspected"]
+    assert f.evidence["check"] == "loss_scale_collapse"
+
+
+@pytest.mark.parametrize("bad", [{"window": 2}, {"alpha": 0.7}, {"typo": 1}])
+def test_bad_params_are_named(tmp_path, bad):
+    import yaml
+    from precision_agent.rulefile import load_rule_file
+    from precision_agent.config import ConfigError
+    rule = {"alert": "A", "kind": "ab", "params": bad, "labels": {"severity": "ticket"}}
+    path = tmp_path / "r.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "g", "rules": [rule]}]}))
+    with pytest.raises(ConfigError) as exc:
+        load_rule_file(path)
+    assert list(bad)[0] in str(exc.value)
