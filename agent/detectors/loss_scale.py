@@ -187,8 +187,7 @@ class LossScaleDetector(Detector[LossScaleParams]):
         if sample.value <= floor and judged_at_floor(series):
             t.active = True
             return self._floor_hit(sample, series, sample.value, floor, source)
-        t.active = False
-        return Clear(sample.labels)
+        return self._deactivate(t, sample)
 
     @staticmethod
     def _floor_hit(sample: Sample, series: SeriesState, value: float, floor: float, source: str) -> Hit:
