@@ -267,8 +267,10 @@ class LossScaleDetector(Detector[LossScaleParams]):
     def _trajectory(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
         p = self.params
         t = self._tracks.get(sample.labels)
-        step = step_of(sample, series)
         value = sample.value
+        if value == t.last and not sample.attrs and not t.decreases and not t.active:
+            return None  # the same value again (an interval report), nothing held: nothing changes
+        step = step_of(sample, series)
         if not math.isfinite(value):
             return None
         frm = sample.attr("frm")
