@@ -40,7 +40,9 @@ from .sources.watcher import TreeWatcher, walk, watch_for
 from .dumpflow import DumpFlow
 from .state import StateError, StateStore
 from .exporters.api import alerts_json, status_json
-from .exporters.http import HttpExporter
+from .exporters.http import HttpCollector, HttpExporter
+from .exporters.httpserver import ServerLimits
+from .exporters.webconfig import load_web_config
 from .exporters.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from .exporters.dumps import DumpBook, DumpCollector
 from .exporters.metrics import AgentCollector
@@ -82,10 +84,15 @@ class Agent:
         self.registry.register(DumpCollector(self.dump_book))
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
         host, port = split_listen(config.listen)
+        web = load_web_config(config.web_config_file) if config.web_config_file is not None else None
+        h = config.http
+        limits = ServerLimits(h.max_connections, h.workers, h.header_timeout, h.idle_timeout, h.write_timeout,
+                              h.max_header_bytes)
         self.http = HttpExporter(host, port, self.registry, lambda: alerts_json(self.pipeline),
                                  lambda: status_json(self),
                                  lambda: bool(self.health.gauges["ready"]),
-                                 {"/api/v1/compare": self.dump_book.results})
+                                 {"/api/v1/compare": self.dump_book.results}, limits, web)
+        self.registry.register(HttpCollector(self.http))
         self.alertmanager: AlertmanagerPusher | None = None
         if config.alertmanager is not None:
             self.alertmanager = AlertmanagerPusher(
