@@ -72,6 +72,7 @@ class Agent:
         self._forget: set[str] = set()  # offsets to delete at the next commit
         self._open_lru: OrderedDict[str, None] = OrderedDict()  # streams holding a descriptor
         self._refused: set[str] = set()  # files not followed because of limits.max_files
+        self._gone: set[str] = set()      # deleted files still read through their open descriptor
         self._expired: list = []          # series to delete at the next commit
         self.heartbeat = time.monotonic()
         self._worker: threading.Thread | None = None
@@ -228,10 +229,11 @@ class Agent:
             try:
                 st = os.stat(path)
             except OSError:
-                if stream is not None:  # gone: read it to its end one last time, then forget it
-                    self._read({path: None})
-                    self._drop_stream(path)
-                    log.info("%s is gone; stopped following it", path)
+                if stream is not None and path not in self._gone:
+                    # gone: the open descriptor still holds the rest; read it to its end (a budget
+                    # per pass, like any file) and only then forget the file (in _read)
+                    self._gone.add(path)
+                    changed.append(path)
                 continue
             pos = stream.position if stream is not None else None
             if pos is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino) and st.st_size == pos.offset:
@@ -240,6 +242,7 @@ class Agent:
         return changed
 
     def _drop_stream(self, path: str) -> None:
+        self._gone.discard(path)
         stream = self.streams.pop(path)
         stream.close()
         self._open_lru.pop(path, None)
@@ -281,6 +284,15 @@ class Agent:
                 touched.add(path)
                 if st.bytes - before[1] >= self.config.limits.read_budget_bytes:
                     self.queue.put(path)  # more to read: come back after the others had a turn
+            if path in self._gone and not os.path.lexists(path):
+                if stream.tailer.unread_bytes() == 0:
+                    self._drop_stream(path)
+                    touched.discard(path)
+                    log.info("%s is gone and was read to its end; stopped following it", path)
+                else:
+                    self.queue.put(path)
+            else:
+                self._gone.discard(path)  # it came back (a new file under the same name)
         self._limit_open_files(paths)
         self.health.set("watched_log_files", len(self.streams))
         return touched
@@ -291,8 +303,9 @@ class Agent:
         lru = self._open_lru
         for path in just_read:
             stream = self.streams.get(path)
-            if stream is not None and stream.tailer.is_open:
-                lru.pop(path, None)
+            lru.pop(path, None)
+            if stream is not None and stream.tailer.is_open and path not in self._gone:
+                # (a deleted file keeps its descriptor: closing it would lose what is left)
                 lru[path] = None  # most recently read last
         while len(lru) > self.config.limits.max_open_files:
             path, _ = lru.popitem(last=False)

@@ -159,6 +159,16 @@ class LogTailer:
         events, self._events = self._events, []
         return events
 
+    def unread_bytes(self) -> int:
+        """Bytes the open generation holds past what was read; 0 without a descriptor. For a
+        deleted file, what is still there to read through the descriptor before dropping it."""
+        if self._fd is None:
+            return 0
+        try:
+            return max(os.fstat(self._fd).st_size - self._read_pos, 0)
+        except OSError:
+            return 0
+
     @property
     def is_open(self) -> bool:
         """Whether a file descriptor is held (the daemon bounds how many are)."""
