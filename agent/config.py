@@ -118,6 +118,7 @@ class Watch(_Strict):
     # file system (read from /proc/self/mountinfo), true always polls, false always uses inotify
     poll: bool | Literal["auto"] = "auto"
     poll_interval: Duration = 2.0   # seconds between two polls of this watch's tree
+    follow_symlinks: bool = False   # also read symlinks whose target lies outside the watched roots
 
     _check_labels = field_validator("labels")(check_labels)
 

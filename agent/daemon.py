@@ -35,6 +35,7 @@ from .readers.logstream import LogStream
 from .readers.parsers import UnknownFormat
 from .readers.tailer import TailEvent, TailPosition
 from .rulefile import RuleSet, default_rules_dir, load_rules
+from .sources.confine import Confinement
 from .sources.queue import ChangeQueue
 from .sources.watcher import TreeWatcher, walk, watch_for
 from .dumpflow import DumpFlow
@@ -68,6 +69,9 @@ class Agent:
         self.dump_book = DumpBook()
         self.dumpflow = DumpFlow(config, self.health, self.pipeline, self.store, self.dump_book)
         self.dumps = self.dumpflow.scheduler
+        # symlinks out of the watched roots are not followed (sources/confine.py)
+        self.confine = Confinement(config.watches, lambda path: self.health.inc("symlinks_skipped"))
+        self.dumps.guard = self.confine.guard
         self._rule_mtimes: dict[str, float] = {}
         self._forget: set[str] = set()  # offsets to delete at the next commit
         self._open_lru: OrderedDict[str, None] = OrderedDict()  # streams holding a descriptor
@@ -215,12 +219,14 @@ class Agent:
         self.health.inc("resyncs")
         self.watcher.schedule_missing()
         self._check_rule_files()
+        self.confine.refresh()
         candidates: dict[str, None] = {}
+        allow = self.confine.allows
         for w in self.config.watches:
             if w.kind == "log":
-                candidates.update(dict.fromkeys(walk(w, self.config.limits.max_files)))
+                candidates.update(dict.fromkeys(walk(w, self.config.limits.max_files, allow)))
             else:
-                for f in walk(w, self.config.limits.max_files):
+                for f in walk(w, self.config.limits.max_files, allow):
                     self.dumps.touched(f, 0.0)  # due() scans it only if it changed since its last scan
         candidates.update(dict.fromkeys(self.streams))
         changed: list[str] = []
@@ -314,7 +320,7 @@ class Agent:
 
     def _open(self, path: str) -> LogStream | None:
         watch = watch_for(self.config.watches, path)
-        if watch is None or watch.kind != "log" or not os.path.isfile(path):
+        if watch is None or watch.kind != "log" or not os.path.isfile(path) or not self.confine.allows(path):
             return None
         if len(self.streams) >= self.config.limits.max_files:
             if path not in self._refused:  # say it once per file, not at every event
@@ -327,7 +333,8 @@ class Agent:
             stream = LogStream(path, labels, watch.format, self.offsets.get(path),
                                start_at_end=watch.start_at_end and path not in self.offsets,
                                max_line_bytes=self.config.limits.max_line_bytes,
-                               chunk_bytes=self.config.limits.read_chunk_bytes, pattern=watch.pattern)
+                               chunk_bytes=self.config.limits.read_chunk_bytes, pattern=watch.pattern,
+                               check_open=self.confine.check_fd)
         except UnknownFormat as exc:
             self.health.error("config", "%s: %s", path, exc)
             return None
