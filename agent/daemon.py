@@ -402,11 +402,25 @@ class Agent:
             self.health.inc("config_reloads_failure")
             return
         self.health.inc("config_reloads_success")
+        self._reload_web_config()
         changed = [f for f in type(self.config).model_fields if getattr(new, f) != getattr(self.config, f)]
         self.health.set("config_restart_needed", 1.0 if changed else 0.0)
         if changed:
             log.warning("the config file changed %s; the agent keeps its running configuration until it "
                         "restarts (SIGHUP reloads rule files only)", ", ".join(changed))
+
+    def _reload_web_config(self) -> None:
+        """SIGHUP reads the web config file again, as exporter-toolkit does on every request:
+        rotated certificates and changed users apply without a restart."""
+        path = self.config.web_config_file
+        if path is None:
+            return
+        try:
+            self.http.apply(load_web_config(path))
+        except (ConfigError, ValueError) as exc:
+            self.health.error("config", "web config file: %s (keeping the one in force)", exc)
+            return
+        log.info("web config file %s reloaded", path)
 
     def reload_rules(self, initial: bool = False) -> None:
         try:

@@ -96,12 +96,24 @@ class HttpExporter:
                 log.exception("http handler failed for %s", path)
                 return _json(start_response, {"status": "error", "error": str(exc)}, "500 Internal Server Error")
 
+        self._app = app
         self.web = web
         self.auth_failures = 0
         self._lock = threading.Lock()
         self.server = HttpServer(host, port, _guarded(app, web, self._auth_failed), limits,
                                  web.tls if web else None, web.peer_check if web and web.allowed_sans else None)
         self.host, self.port = host, self.server.server_address[1]
+        self.insecure = self._insecure_reason()
+
+    def apply(self, web: WebConfig | None) -> None:
+        """A web config file read again (SIGHUP): new certificates, users, headers take effect for
+        the next connections. Turning TLS on or off takes a restart (ValueError)."""
+        if (web is not None and web.tls is not None) != (self.web is not None and self.web.tls is not None):
+            raise ValueError("turning TLS on or off takes a restart")
+        self.server.app = _guarded(self._app, web, self._auth_failed)
+        self.server.peer_check = web.peer_check if web and web.allowed_sans else None
+        self.server.tls = web.tls if web else None
+        self.web = web
         self.insecure = self._insecure_reason()
 
     def _auth_failed(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -139,6 +140,11 @@ def make_certs(d: Path) -> tuple[Path, Path, Path]:
     (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     run("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
         "-out", "server.crt", "-days", "2", "-extfile", "san.ext")
+    for name in ("scraper", "intruder"):  # client certificates for mutual TLS
+        run("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        (d / f"{name}.ext").write_text(f"subjectAltName=DNS:{name}\n")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext")
     return d / "ca.crt", d / "server.crt", d / "server.key"
 
 
@@ -203,6 +209,47 @@ def test_tls_and_basic_auth_from_a_web_config_file(tmp_path: Path) -> None:
         _, body = agent.fetch("/metrics", "alice:s3cret")
         assert b"precision_agent_http_auth_failures_total 3.0" in body
         assert b"precision_agent_http_insecure 0.0" in body
+        # SIGHUP reads the web config file again: other users (or rotated certificates) apply at once
+        web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(crt), "key_file": str(key)},
+                                       "basic_auth_users": {"bob": bcrypt_hash("n3w")}}))
+        agent.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: agent.fetch("/metrics", "bob:n3w")[0] == 200, 15, what="the new user after SIGHUP")
+        assert agent.fetch("/metrics", "alice:s3cret")[0] == 401
+        web.write_text("basic_auth_users: [broken\n")  # a broken file keeps the one in force
+        agent.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "keeping the one in force" in agent.stderr(), 15, what="the broken file reported")
+        assert agent.fetch("/metrics", "bob:n3w")[0] == 200
+    finally:
+        agent.stop()
+
+
+def test_mutual_tls_with_allowed_sans(tmp_path: Path) -> None:
+    ca, crt, key = make_certs(tmp_path)
+    web = tmp_path / "web.yml"
+    web.write_text(yaml.safe_dump({"tls_server_config": {
+        "cert_file": str(crt), "key_file": str(key), "client_auth_type": "RequireAndVerifyClientCert",
+        "client_ca_file": str(ca), "client_allowed_sans": ["scraper"], "min_version": "TLS13"}}))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def client(name: str | None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(ca))
+        if name:
+            ctx.load_cert_chain(tmp_path / f"{name}.crt", tmp_path / f"{name}.key")
+        return ctx
+    agent = TlsAgent(logs, tmp_path / "state", "--web.config.file", str(web))
+    agent.ctx, agent.auth = client("scraper"), None
+    agent.start()
+    try:
+        code, body = agent.fetch("/metrics", None)
+        assert code == 200 and b"precision_agent_http_insecure 0.0" in body
+        for name in (None, "intruder"):  # no certificate; a certificate of the CA with another SAN
+            agent.ctx = client(name)
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                agent.fetch("/metrics", None)
+        agent.ctx = client("scraper")
+        _, body = agent.fetch("/metrics", None)
+        assert b'precision_agent_http_connections_refused_total{reason="client_cert"} 1.0' in body
     finally:
         agent.stop()
 
