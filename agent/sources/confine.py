@@ -94,7 +94,7 @@ class Confinement:
         if real.endswith(" (deleted)") and not os.path.exists(real):
             real = real[: -len(" (deleted)")]
         if not self.allows(path, real):
-            raise LinkRefused(f"{path}: symlink to a file outside the watched roots")
+            raise LinkRefused("symlink to a file outside the watched roots")
 
     # -- the scan thread's guard -------------------------------------------------------------------
     @contextmanager
@@ -118,7 +118,7 @@ class Confinement:
         # only names inside a watched tree are the trees' business: imports, the state directory,
         # /proc and CSV reports are opened by their own names
         if (p + "/").startswith(self._lexical) and not self.allows(p):
-            raise LinkRefused(f"{p}: symlink to a file outside the watched roots")
+            raise LinkRefused("symlink to a file outside the watched roots")
 
 
 _active = threading.local()
