@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from ..config import Watch
+from .watcher import watch_for
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,9 @@ class LinkRefused(PermissionError):
 
 
 class Confinement:
-    """The watched roots (their real paths) and what may be read through a symlink.
-
-    ``extra_roots``: trees read on purpose besides the watches (a dump watch's ``compare.against``).
-    ``on_skip(path)``: called once per refused link (the daemon counts and logs it)."""
+    """The watched roots (their real paths, plus each dump watch's ``compare.against``, read on
+    purpose) and what may be read through a symlink. ``on_skip(path)``: called once per refused
+    link (the daemon counts it)."""
 
     def __init__(self, watches: list[Watch], on_skip: Callable[[str], None] | None = None) -> None:
         self.watches = watches
@@ -66,7 +66,6 @@ class Confinement:
             real = os.path.realpath(path)
         if self.inside(real):
             return True
-        from .watcher import watch_for  # (watcher imports this module)
         w = watch_for(self.watches, path)
         if w is not None and w.follow_symlinks:
             return True
