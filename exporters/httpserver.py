@@ -172,9 +172,10 @@ class HttpServer:
         self._stopping.set()
         for _ in range(self.limits.workers):
             self._jobs.put(None)
+        deadline = time.monotonic() + min(self.limits.write_timeout, 5.0) + 1  # daemon threads: never hold the exit
         for t in self._threads:
             if t.is_alive():
-                t.join(timeout=self.limits.write_timeout + 1)
+                t.join(timeout=max(deadline - time.monotonic(), 0.0))
         for conn in list(self._conns):
             self._close(conn)
         self._sel.close()
