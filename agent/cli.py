@@ -46,6 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .daemon import Agent, default_state_dir
     from .state import StateError
     overrides: dict[str, Any] = {"listen": args.listen, "log_level": args.log_level,
+                                 "web_config_file": args.web_config_file,
                                  "watches": [_watch_arg(w) for w in args.watch] or None,
                                  "rule_dirs": args.rules or None}
     state = args.state
@@ -205,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--watch", action="append", default=[], metavar="[log:|dump:]PATH",
                    help="a log file or directory to watch (repeatable; adds to the config's watches)")
     r.add_argument("--listen", help=f"HOST:PORT for /metrics and the API (default {DEFAULT_LISTEN})")
+    r.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
+                   help="exporter-toolkit web config (TLS, basic auth) for /metrics and the API")
     r.add_argument("--state", help="state directory (offsets, alerts)")
     r.add_argument("--rules", action="append", metavar="DIR", help="extra rule directory (repeatable)")
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"])

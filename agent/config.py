@@ -121,6 +121,7 @@ class Watch(_Strict):
     # file system (read from /proc/self/mountinfo), true always polls, false always uses inotify
     poll: bool | Literal["auto"] = "auto"
     poll_interval: Duration = 2.0   # seconds between two polls of this watch's tree
+    follow_symlinks: bool = False   # also read symlinks whose target lies outside the watched roots
 
     _check_labels = field_validator("labels")(check_labels)
 
@@ -198,8 +199,35 @@ class Limits(_Strict):
     io_idle: bool = True
 
 
+class HttpSettings(_Strict):
+    """The HTTP listener's own limits: a hostile or broken client must not exhaust the agent."""
+
+    max_connections: int = Field(512, ge=1, le=65536)  # open connections; beyond, new ones are refused
+    workers: int = Field(4, ge=1, le=64)                # threads serving complete requests
+    header_timeout: Duration = 10.0    # request line + headers must arrive within this
+    idle_timeout: Duration = 5.0       # longest silence while they arrive
+    write_timeout: Duration = 10.0     # a response must be written within this
+    max_header_bytes: Size = 16 << 10  # request line + headers
+
+    @field_validator("header_timeout", "idle_timeout", "write_timeout")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v < 0.1:
+            raise ValueError("must be at least 100ms")
+        return v
+
+    @field_validator("max_header_bytes")
+    @classmethod
+    def _room(cls, v: int) -> int:
+        if v < 1024:
+            raise ValueError("must be at least 1KiB")
+        return v
+
+
 class Config(_Strict):
     listen: str = DEFAULT_LISTEN
+    web_config_file: Path | None = None    # exporter-toolkit web config: TLS, basic auth (--web.config.file)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     state_dir: Path = Path("/var/lib/precision-agent")
     rule_dirs: list[Path] = Field(default_factory=list)
     default_rules: bool = True             # also load the rule files shipped with the package
@@ -219,6 +247,13 @@ class Config(_Strict):
         for p in v:
             if not p.exists():
                 raise ValueError(f"rule directory {str(p)!r} does not exist")
+        return v
+
+    @field_validator("web_config_file")
+    @classmethod
+    def _web_config_exists(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_file():
+            raise ValueError(f"web config file {str(v)!r} does not exist")
         return v
 
     @field_validator("listen")

@@ -36,12 +36,15 @@ from .readers.runs import run_labels
 from .readers.parsers import UnknownFormat
 from .readers.tailer import TailEvent, TailPosition
 from .rulefile import RuleSet, default_rules_dir, load_rules
+from .sources.confine import Confinement
 from .sources.queue import ChangeQueue
 from .sources.watcher import TreeWatcher, walk, watch_for
 from .dumpflow import DumpFlow
 from .state import StateError, StateStore
 from .exporters.api import alerts_json, status_json
-from .exporters.http import HttpExporter
+from .exporters.http import HttpCollector, HttpExporter
+from .exporters.httpserver import ServerLimits
+from .exporters.webconfig import load_web_config
 from .exporters.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from .exporters.dumps import DumpBook, DumpCollector
 from .exporters.metrics import AgentCollector
@@ -67,10 +70,14 @@ class Agent:
         self.dump_book = DumpBook()
         self.dumpflow = DumpFlow(config, self.health, self.pipeline, self.store, self.dump_book)
         self.dumps = self.dumpflow.scheduler
+        # symlinks out of the watched roots are not followed (sources/confine.py)
+        self.confine = Confinement(config.watches, lambda path: self.health.inc("symlinks_skipped"))
+        self.dumps.guard = self.confine.guard
         self._rule_mtimes: dict[str, float] = {}
         self._forget: set[str] = set()  # offsets to delete at the next commit
         self._open_lru: OrderedDict[str, None] = OrderedDict()  # streams holding a descriptor
         self._refused: set[str] = set()  # files not followed because of limits.max_files
+        self._gone: set[str] = set()      # deleted files still read through their open descriptor
         self._expired: list = []          # series to delete at the next commit
         self.heartbeat = time.monotonic()
         self._worker: threading.Thread | None = None
@@ -83,10 +90,15 @@ class Agent:
         self.registry.register(DumpCollector(self.dump_book))
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes
         host, port = split_listen(config.listen)
+        web = load_web_config(config.web_config_file) if config.web_config_file is not None else None
+        h = config.http
+        limits = ServerLimits(h.max_connections, h.workers, h.header_timeout, h.idle_timeout, h.write_timeout,
+                              h.max_header_bytes)
         self.http = HttpExporter(host, port, self.registry, lambda: alerts_json(self.pipeline),
                                  lambda: status_json(self),
                                  lambda: bool(self.health.gauges["ready"]),
-                                 {"/api/v1/compare": self.dump_book.results})
+                                 {"/api/v1/compare": self.dump_book.results}, limits, web)
+        self.registry.register(HttpCollector(self.http))
         self.alertmanager: AlertmanagerPusher | None = None
         if config.alertmanager is not None:
             self.alertmanager = AlertmanagerPusher(
@@ -208,12 +220,14 @@ class Agent:
         self.health.inc("resyncs")
         self.watcher.schedule_missing()
         self._check_rule_files()
+        self.confine.refresh()
         candidates: dict[str, None] = {}
+        allow = self.confine.allows
         for w in self.config.watches:
             if w.kind == "log":
-                candidates.update(dict.fromkeys(walk(w, self.config.limits.max_files)))
+                candidates.update(dict.fromkeys(walk(w, self.config.limits.max_files, allow)))
             else:
-                for f in walk(w, self.config.limits.max_files):
+                for f in walk(w, self.config.limits.max_files, allow):
                     self.dumps.touched(f, 0.0)  # due() scans it only if it changed since its last scan
         candidates.update(dict.fromkeys(self.streams))
         changed: list[str] = []
@@ -222,10 +236,11 @@ class Agent:
             try:
                 st = os.stat(path)
             except OSError:
-                if stream is not None:  # gone: read it to its end one last time, then forget it
-                    self._read({path: None})
-                    self._drop_stream(path)
-                    log.info("%s is gone; stopped following it", path)
+                if stream is not None and path not in self._gone:
+                    # gone: the open descriptor still holds the rest; read it to its end (a budget
+                    # per pass, like any file) and only then forget the file (in _read)
+                    self._gone.add(path)
+                    changed.append(path)
                 continue
             pos = stream.position if stream is not None else None
             if pos is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino) and st.st_size == pos.offset:
@@ -234,6 +249,7 @@ class Agent:
         return changed
 
     def _drop_stream(self, path: str) -> None:
+        self._gone.discard(path)
         stream = self.streams.pop(path)
         stream.close()
         self._open_lru.pop(path, None)
@@ -275,6 +291,15 @@ class Agent:
                 touched.add(path)
                 if st.bytes - before[1] >= self.config.limits.read_budget_bytes:
                     self.queue.put(path)  # more to read: come back after the others had a turn
+            if path in self._gone and not os.path.lexists(path):
+                if stream.tailer.unread_bytes() == 0:
+                    self._drop_stream(path)
+                    touched.discard(path)
+                    log.info("%s is gone and was read to its end; stopped following it", path)
+                else:
+                    self.queue.put(path)
+            else:
+                self._gone.discard(path)  # it came back (a new file under the same name)
         self._limit_open_files(paths)
         self.health.set("watched_log_files", len(self.streams))
         return touched
@@ -285,8 +310,9 @@ class Agent:
         lru = self._open_lru
         for path in just_read:
             stream = self.streams.get(path)
-            if stream is not None and stream.tailer.is_open:
-                lru.pop(path, None)
+            lru.pop(path, None)
+            if stream is not None and stream.tailer.is_open and path not in self._gone:
+                # (a deleted file keeps its descriptor: closing it would lose what is left)
                 lru[path] = None  # most recently read last
         while len(lru) > self.config.limits.max_open_files:
             path, _ = lru.popitem(last=False)
@@ -295,7 +321,7 @@ class Agent:
 
     def _open(self, path: str) -> LogStream | None:
         watch = watch_for(self.config.watches, path)
-        if watch is None or watch.kind != "log" or not os.path.isfile(path):
+        if watch is None or watch.kind != "log" or not os.path.isfile(path) or not self.confine.allows(path):
             return None
         if len(self.streams) >= self.config.limits.max_files:
             if path not in self._refused:  # say it once per file, not at every event
@@ -308,7 +334,8 @@ class Agent:
             stream = LogStream(path, labels, watch.format, self.offsets.get(path),
                                start_at_end=watch.start_at_end and path not in self.offsets,
                                max_line_bytes=self.config.limits.max_line_bytes,
-                               chunk_bytes=self.config.limits.read_chunk_bytes, pattern=watch.pattern)
+                               chunk_bytes=self.config.limits.read_chunk_bytes, pattern=watch.pattern,
+                               check_open=self.confine.check_fd)
         except UnknownFormat as exc:
             self.health.error("config", "%s: %s", path, exc)
             return None
@@ -376,11 +403,25 @@ class Agent:
             self.health.inc("config_reloads_failure")
             return
         self.health.inc("config_reloads_success")
+        self._reload_web_config()
         changed = [f for f in type(self.config).model_fields if getattr(new, f) != getattr(self.config, f)]
         self.health.set("config_restart_needed", 1.0 if changed else 0.0)
         if changed:
             log.warning("the config file changed %s; the agent keeps its running configuration until it "
                         "restarts (SIGHUP reloads rule files only)", ", ".join(changed))
+
+    def _reload_web_config(self) -> None:
+        """SIGHUP reads the web config file again, as exporter-toolkit does on every request:
+        rotated certificates and changed users apply without a restart."""
+        path = self.config.web_config_file
+        if path is None:
+            return
+        try:
+            self.http.apply(load_web_config(path))
+        except (ConfigError, ValueError) as exc:
+            self.health.error("config", "web config file: %s (keeping the one in force)", exc)
+            return
+        log.info("web config file %s reloaded", path)
 
     def reload_rules(self, initial: bool = False) -> None:
         try:

@@ -14,7 +14,7 @@ ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan",
                "internal")
 COUNTERS = ("log_lines_read", "log_bytes_read", "log_records_parsed", "log_lines_truncated",
             "log_rotations", "log_truncations", "dump_files_scanned", "watch_events", "resyncs",
-            "queue_overflows", "rule_reloads_success", "rule_reloads_failure", "config_reloads_success",
+            "queue_overflows", "symlinks_skipped", "rule_reloads_success", "rule_reloads_failure", "config_reloads_success",
             "config_reloads_failure")
 
 log = logging.getLogger("precision_agent")

@@ -1,41 +1,30 @@
 """The agent's HTTP endpoint: ``/metrics``, ``/api/v1/alerts``, ``/api/v1/status``,
 ``/api/v1/compare`` (the last dump comparisons, full tables), health checks.
 
-One small threaded WSGI server (stdlib ``wsgiref``) serves everything, bound to 127.0.0.1 unless
-the operator says otherwise. It only reads snapshots; it never blocks the pipeline for long.
+One small server (``httpserver.py``: bounded threads, connection cap, header timeouts) serves
+everything, bound to 127.0.0.1 unless the operator says otherwise; TLS, basic auth, extra
+response headers and a rate limit come from an exporter-toolkit web config file
+(``webconfig.py``). It only reads snapshots; it never blocks the pipeline for long.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
-from socketserver import ThreadingMixIn
-from typing import Any, Callable, Iterable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from ..model import json_safe
+from .httpserver import HttpServer, ServerLimits
+from .webconfig import BasicAuth, RateLimit, WebConfig, is_loopback
 
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], dict[str, Any]]
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("http: " + format, *args)
 
 
 def _json(start_response, body: Any, status: str = "200 OK") -> list[bytes]:
@@ -44,9 +33,34 @@ def _json(start_response, body: Any, status: str = "200 OK") -> list[bytes]:
     return [data]
 
 
+def _guarded(app: Callable, web: WebConfig | None, on_auth_failure: Callable[[], None]) -> Callable:
+    """The web config's rate limit, basic auth and response headers around ``app``."""
+    if web is None:
+        return app
+    auth = BasicAuth(web.users) if web.users else None
+    rate = RateLimit(web.rate_interval, web.rate_burst) if web.rate_interval > 0 else None
+    extra = list(web.headers)
+
+    def guarded(environ: dict[str, Any], start_response) -> Iterable[bytes]:
+        def respond(status: str, headers: list, exc_info: Any = None):
+            return start_response(status, headers + extra, exc_info) if exc_info else \
+                start_response(status, headers + extra)
+        if rate is not None and not rate.allow():
+            return _json(respond, {"status": "error", "error": "too many requests"}, "429 Too Many Requests")
+        if auth is not None and not auth.check(environ.get("HTTP_AUTHORIZATION")):
+            on_auth_failure()
+            body = b"Unauthorized\n"
+            respond("401 Unauthorized", [("Content-Type", "text/plain"), ("Content-Length", str(len(body))),
+                                         ("WWW-Authenticate", 'Basic realm="precision-agent"')])
+            return [body]
+        return app(environ, respond)
+    return guarded
+
+
 class HttpExporter:
     def __init__(self, host: str, port: int, registry: CollectorRegistry, alerts: StatusFn,
-                 status: StatusFn, ready: Callable[[], bool], routes: dict[str, StatusFn] | None = None) -> None:
+                 status: StatusFn, ready: Callable[[], bool], routes: dict[str, StatusFn] | None = None,
+                 limits: ServerLimits | None = None, web: WebConfig | None = None) -> None:
         metrics_app = make_wsgi_app(registry)
         routes = dict(routes or {})
 
@@ -82,19 +96,83 @@ class HttpExporter:
                 log.exception("http handler failed for %s", path)
                 return _json(start_response, {"status": "error", "error": str(exc)}, "500 Internal Server Error")
 
-        server_class = _Server6 if ":" in host else _Server
-        self.server = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
+        self._app = app
+        self.web = web
+        self.auth_failures = 0
+        self._lock = threading.Lock()
+        self.server = HttpServer(host, port, _guarded(app, web, self._auth_failed), limits,
+                                 web.tls if web else None, web.peer_check if web and web.allowed_sans else None)
         self.host, self.port = host, self.server.server_address[1]
-        self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
+        self.insecure = self._insecure_reason()
+
+    def apply(self, web: WebConfig | None) -> None:
+        """A web config file read again (SIGHUP): new certificates, users, headers take effect for
+        the next connections. Turning TLS on or off takes a restart (ValueError)."""
+        if (web is not None and web.tls is not None) != (self.web is not None and self.web.tls is not None):
+            raise ValueError("turning TLS on or off takes a restart")
+        self.server.app = _guarded(self._app, web, self._auth_failed)
+        self.server.peer_check = web.peer_check if web and web.allowed_sans else None
+        self.server.tls = web.tls if web else None
+        self.web = web
+        self.insecure = self._insecure_reason()
+
+    def _auth_failed(self) -> None:
+        with self._lock:
+            self.auth_failures += 1
+
+    def _insecure_reason(self) -> str | None:
+        """Why this listener is open to whoever reaches it, or None (loopback, or TLS + auth)."""
+        if is_loopback([self.server.server_address[0]]):
+            return None
+        web = self.web
+        tls = web is not None and web.tls is not None
+        authed = web is not None and (bool(web.users) or web.client_verified)
+        if tls and authed:
+            return None
+        missing = " and ".join(w for w, ok in (("TLS", tls), ("authentication", authed)) if not ok)
+        return f"listening on {self.host} (not loopback) without {missing}"
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.web is not None and self.web.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     def start(self) -> None:
-        self._thread.start()
+        if self.insecure:
+            log.warning("%s: anyone who can reach this port can read the agent's metrics and status; "
+                        "set web_config_file (TLS and basic_auth_users, the exporter-toolkit format) or listen "
+                        "on 127.0.0.1", self.insecure)
+        self.server.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
+
+
+class HttpCollector(Collector):
+    """The HTTP server's own metrics."""
+
+    def __init__(self, http: HttpExporter) -> None:
+        self.http = http
+
+    def collect(self) -> Iterator[Metric]:
+        open_, refused = self.http.server.stats.snapshot()
+        g = GaugeMetricFamily("precision_agent_http_connections_open", "HTTP connections open (waiting or served).")
+        g.add_metric([], open_)
+        yield g
+        c = CounterMetricFamily("precision_agent_http_connections_refused",
+                                "HTTP connections closed by the agent before a response: limit (beyond "
+                                "http.max_connections), timeout (headers too slow), too_large (headers over "
+                                "http.max_header_bytes), tls (handshake failed), client_cert (not in "
+                                "client_allowed_sans).", labels=["reason"])
+        for reason, n in refused.items():
+            c.add_metric([reason], n)
+        yield c
+        c = CounterMetricFamily("precision_agent_http_auth_failures", "HTTP requests refused with 401 "
+                                "(basic auth of the web config file).")
+        c.add_metric([], self.http.auth_failures)
+        yield c
+        g = GaugeMetricFamily("precision_agent_http_insecure", "1 when the HTTP listener is reachable beyond "
+                              "loopback without TLS and authentication (web_config_file).")
+        g.add_metric([], 1.0 if self.http.insecure else 0.0)
+        yield g

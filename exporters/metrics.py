@@ -98,7 +98,9 @@ class AgentCollector(Collector):
                             ("dump_files_scanned", "Tensor-dump files scanned."),
                             ("watch_events", "File-system events received."),
                             ("resyncs", "Periodic reconciliation passes over the watched trees."),
-                            ("queue_overflows", "Times the change queue was full and a resync was forced.")):
+                            ("queue_overflows", "Times the change queue was full and a resync was forced."),
+                            ("symlinks_skipped", "Symlinks in watched trees not followed: their target is "
+                             "outside the watched roots (follow_symlinks: true on the watch allows it).")):
             c = CounterMetricFamily(P + name, help_)
             c.add_metric([], counters[name])
             yield c

@@ -18,7 +18,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager
 
 from ..model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW, Labels, Sample, SourcePos, make_labels
 from .scan import scan_dump
@@ -177,7 +178,8 @@ class DumpScheduler:
         self.queued: set[str] = set()
         self.queue: queue.Queue[tuple[str, tuple[int, int, int] | None] | None] = queue.Queue(maxsize=queue_size)
         self.inbox: deque[ScanResult] = deque()
-        self._thread = threading.Thread(target=self._run, name="dump-scan", daemon=True)
+        self.guard: Callable[[], ContextManager[None]] = nullcontext  # the daemon's symlink confinement
+        self._thread = threading.Thread(target=self._guarded_run, name="dump-scan", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -243,6 +245,10 @@ class DumpScheduler:
                 self.scanned[r.unit] = r.signature
             out.append(r)
         return out
+
+    def _guarded_run(self) -> None:
+        with self.guard():  # every open on this thread (sources/confine.py)
+            self._run()
 
     def _run(self) -> None:
         while True:

@@ -10,7 +10,7 @@ import gc
 import time as _time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from ..model import Labels, Sample, SourcePos, SourcePosDraft, make_labels
 from ..series import far_apart
@@ -69,12 +69,13 @@ class LogStream:
 
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, fmt: str = "auto",
                  position: TailPosition | None = None, *, start_at_end: bool = False,
-                 max_line_bytes: int = 1 << 20, chunk_bytes: int = 1 << 20, pattern: str | None = None) -> None:
+                 max_line_bytes: int = 1 << 20, chunk_bytes: int = 1 << 20, pattern: str | None = None,
+                 check_open: Callable[[str, int], None] | None = None) -> None:
         self.path = path
         self.base_labels = _intern(make_labels(labels))
         self.parser = CompositeParser(fmt, pattern)  # raises UnknownFormat for a bad override
         self.tailer = LogTailer(path, position, start_at_end=start_at_end,
-                                max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes)
+                                max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes, check_open=check_open)
         self.stats = StreamStats()
         self._labels_cache: dict[str | None, tuple[tuple[str, str], ...]] = {}
         self._last: dict[str, tuple[str, int, float | None]] = {}  # producer -> last record

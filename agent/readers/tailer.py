@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 __all__ = ["LogTailer", "TailEvent", "TailPosition", "TextBlock"]
 
@@ -78,7 +79,7 @@ class LogTailer:
     """Incrementally read complete lines of ``path``; see the module docstring."""
 
     __slots__ = ("path", "_max", "_chunk", "_pending", "_start_at_end", "_fd", "_gen", "_offset", "_line",
-                 "_read_pos", "_buf", "_discarding", "_events", "_missing_reported", "_last_error")
+                 "_read_pos", "_buf", "_discarding", "_events", "_missing_reported", "_last_error", "_check")
 
     def __init__(
         self,
@@ -88,7 +89,10 @@ class LogTailer:
         start_at_end: bool = False,
         max_line_bytes: int = 1 << 20,
         chunk_bytes: int = 1 << 20,
+        check_open: Callable[[str, int], None] | None = None,
     ) -> None:
+        """``check_open(path, fd)``: called on every descriptor opened; raises an OSError to
+        refuse the file (the daemon's symlink confinement: it reports the refusal itself)."""
         if max_line_bytes < 1 or chunk_bytes < 1:
             raise ValueError("max_line_bytes and chunk_bytes must be positive")
         self.path = os.fspath(path)
@@ -106,6 +110,7 @@ class LogTailer:
         self._events: list[tuple[TailEvent, str]] = []
         self._missing_reported = False
         self._last_error: str | None = None
+        self._check = check_open
         try:
             self._start()
         except OSError as exc:
@@ -159,6 +164,16 @@ class LogTailer:
         events, self._events = self._events, []
         return events
 
+    def unread_bytes(self) -> int:
+        """Bytes the open generation holds past what was read; 0 without a descriptor. For a
+        deleted file, what is still there to read through the descriptor before dropping it."""
+        if self._fd is None:
+            return 0
+        try:
+            return max(os.fstat(self._fd).st_size - self._read_pos, 0)
+        except OSError:
+            return 0
+
     @property
     def is_open(self) -> bool:
         """Whether a file descriptor is held (the daemon bounds how many are)."""
@@ -185,6 +200,8 @@ class LogTailer:
 
     def _error(self, exc: OSError) -> None:
         """Record an error once per distinct message so a polling loop does not spam."""
+        if getattr(exc, "reported", False):
+            return  # check_open refused the file and said so itself
         msg = f"{self.path}: {exc}"
         if msg != self._last_error:
             self._event(TailEvent.ERROR, msg)
@@ -199,6 +216,16 @@ class LogTailer:
             except PermissionError:
                 pass
         return os.open(path, flags)
+
+    def _open_checked(self, path: str) -> int:
+        fd = self._open(path)
+        if self._check is not None:
+            try:
+                self._check(path, fd)
+            except OSError:
+                os.close(fd)
+                raise
+        return fd
 
     def _stat_path(self) -> os.stat_result | None:
         try:
@@ -239,7 +266,7 @@ class LogTailer:
         if pos is not None and (st is None or (st.st_dev, st.st_ino) != (pos.dev, pos.ino)):
             old = self._find_generation(pos.dev, pos.ino)
             if old is not None:
-                fd = self._open(old)
+                fd = self._open_checked(old)
                 fst = os.fstat(fd)
                 if (fst.st_dev, fst.st_ino) == (pos.dev, pos.ino) and fst.st_size >= pos.offset:
                     self._adopt(fd, (pos.dev, pos.ino), pos.offset, pos.line)
@@ -250,7 +277,7 @@ class LogTailer:
         if st is None:
             self._start_at_end = False  # a file that appears later is read in full
             return False
-        fd = self._open(self.path)
+        fd = self._open_checked(self.path)
         try:
             fst = os.fstat(fd)
             gen = (fst.st_dev, fst.st_ino)

@@ -57,8 +57,9 @@ def watch_for(watches: list[Watch], path: str) -> Watch | None:
     return best
 
 
-def walk(watch: Watch, limit: int) -> Iterator[str]:
-    """Files of a watch, found by listing the tree (at most ``limit``); unreadable dirs skipped.
+def walk(watch: Watch, limit: int, allow: Callable[[str], bool] | None = None) -> Iterator[str]:
+    """Files of a watch, found by listing the tree (at most ``limit``); unreadable dirs skipped,
+    symlinked dirs not entered, a symlinked file only if ``allow(path)`` (the confinement).
     The number of directories listed is left in DIRS_SEEN (the watch-limit check reuses it)."""
     root = str(watch.path)
     if not os.path.exists(root):  # the job may not have created it yet
@@ -83,6 +84,8 @@ def walk(watch: Watch, limit: int) -> Iterator[str]:
                         if watch.recursive:
                             stack.append(e.path)
                     elif e.is_file() and matches(watch, e.path):
+                        if allow is not None and e.is_symlink() and not allow(e.path):
+                            continue
                         yield e.path
                         n += 1
                         if n >= limit:
