@@ -194,3 +194,63 @@ def test_bad_config_names_every_problem(tmp_path):
     text = p.stderr
     assert "needs a 'pattern'" in text and text.count("needs a 'pattern'") == 1     # only the watch without one
     assert "no1" in text and "no2" in text and "9 problems" in text
+
+
+# -- 5. output a person can read ---------------------------------------------------------------------
+
+def test_scan_table_shows_full_names_and_no_none(tmp_path):
+    stem = "Module.transformer.encoder.layers.11.self_attention.core_attention"   # 66 characters
+    for tail in ("query", "key"):
+        x = np.ones(4, np.float32)
+        x[1] = np.nan
+        np.save(tmp_path / f"{stem}.{tail}.npy", x)
+    p = cli("scan", tmp_path)
+    assert p.returncode == 1
+    rows = [ln for ln in p.stdout.splitlines() if ln.endswith(".npy output[0]") and "first bad op" not in ln]
+    assert len(rows) == 2 and len(set(rows)) == 2, p.stdout
+    assert any(ln.endswith(f"{stem}.query.npy output[0]") for ln in rows), p.stdout
+    assert "None" not in p.stdout, p.stdout                     # a .npy tree has no step or rank: "-"
+
+
+def test_inf_in_max_and_min_as_msprobe_writes_them(tmp_path):
+    x = np.array([[1.0, np.inf], [-2.0, 3.0]], np.float32)
+    y = np.array([-np.inf, 0.5], np.float32)
+    entries = [(LINEAR, {"input_args": [np.ones(2, np.float32)], "output": [x, y]})]
+    write_msprobe(tmp_path / "tensor", entries)
+    write_msprobe(tmp_path / "stats", entries, task="statistics")
+    _, full = scan_json(tmp_path / "tensor")
+    _, stats = scan_json(tmp_path / "stats")
+    extremes = lambda r: [(t["max"], t["min"]) for t in r["tensors"] if t["io"] == "output"]  # noqa: E731
+    assert extremes(full) == [("+Inf", -2.0), (0.5, "-Inf")] == extremes(stats)
+    out = [t for t in full["tensors"] if t["io"] == "output"]
+    assert (out[0]["finite_max"], out[1]["finite_min"]) == (3.0, 0.5)   # the scanner's finite-only values
+    text = cli("scan", tmp_path / "tensor").stdout
+    row = next(ln for ln in text.splitlines() if ln.endswith("output[0]") and LINEAR in ln and "first" not in ln)
+    assert row.split()[5:7] == ["inf", "-2"], text
+
+
+def test_failing_cosine_has_the_digits_that_show_why(tmp_path):
+    from test_compare_engine import _net
+    _net(tmp_path / "bench")
+    _net(tmp_path / "drift", half_fc2=True)
+    p = cli("compare", tmp_path / "bench", tmp_path / "drift")
+    assert p.returncode == 1
+    row = next(ln for ln in p.stdout.splitlines() if ln.endswith("Functional.linear.1.forward output[0]"))
+    cosine = row.split()[2]
+    assert cosine != "1" and float(cosine) < 1.0 and cosine.startswith("0.9999"), p.stdout
+
+
+def test_statistics_compare_shows_what_statistics_allow(tmp_path):
+    from test_compare_engine import _net
+    _net(tmp_path / "bench", task="statistics")
+    _net(tmp_path / "drift", half_fc2=True, task="statistics")
+    p = cli("compare", tmp_path / "bench", tmp_path / "drift")
+    assert p.returncode == 1, p.stderr
+    table = p.stdout.split("statistics only", 1)[1]
+    assert "cosine, RED and max|Δ| cannot be computed" in table and "max rel" in table
+    row = next(ln for ln in table.splitlines() if ln.endswith("Functional.linear.1.forward output[0]"))
+    assert "nan" not in row.lower() and "%" in row, p.stdout
+    doc = json.loads(cli("compare", "--json", tmp_path / "bench", tmp_path / "drift").stdout)
+    assert doc["statistics_only"]["pairs"] == doc["pairs"]
+    assert "CosineSimilarity" in doc["statistics_only"]["unavailable"]
+    assert {r["compared_on"] for r in doc["rows"]} == {"statistics"}

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..dumps.scan import statistics, tensor_bytes
+from ..dumps.scan import inf_extremes, statistics, tensor_bytes
 from ..dumps.types import DumpError, DumpTensor
 from ..model import TensorStats
 from .metrics import StatsDiff, TensorDiff, compare_arrays, compare_stats
@@ -200,7 +200,8 @@ def _details(row: Row) -> dict[str, Any]:
 
 
 def _stat_dict(s: TensorStats) -> dict[str, Any]:
-    return {"max": s.max, "min": s.min, "mean": s.mean, "l2norm": s.l2norm, "nan": s.nan,
+    mx, mn = inf_extremes(s.max, s.min, s.pos_inf, s.neg_inf)   # ±Inf shown as msprobe shows them
+    return {"max": mx, "min": mn, "mean": s.mean, "l2norm": s.l2norm, "nan": s.nan,
             "pos_inf": s.pos_inf, "neg_inf": s.neg_inf}
 
 

@@ -193,20 +193,27 @@ def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
     return r
 
 
+def inf_extremes(mx: float | None, mn: float | None, pos_inf: int, neg_inf: int,
+                 ) -> tuple[float | None, float | None]:
+    """(max, min) as msprobe writes them: +Inf when an element is +Inf (-Inf likewise), the
+    finite extreme otherwise; a tensor of only +Inf has min +Inf too. NaN elements are left out
+    (they are counted apart): a tensor of only NaN has neither."""
+    if pos_inf:
+        mx = math.inf
+        mn = mn if mn is not None else (-math.inf if neg_inf else math.inf)
+    if neg_inf:
+        mn = -math.inf
+        mx = math.inf if pos_inf else (mx if mx is not None else -math.inf)
+    return mx, mn
+
+
 def with_inf_extremes(t: dict[str, Any]) -> dict[str, Any]:
-    """``max``/``min`` as msprobe writes them: +Inf when an element is +Inf (-Inf likewise),
-    the finite extreme otherwise; a tensor of only +Inf has min +Inf too. The scanner's
-    finite-only values stay in ``finite_max``/``finite_min``. NaN elements are counted in
-    ``nan`` and left out of both (a tensor of only NaN has ``max`` null)."""
-    mx, mn, pos, neg = t.get("max"), t.get("min"), t.get("pos_inf", 0), t.get("neg_inf", 0)
+    """A tensor's JSON with ``max``/``min`` as msprobe writes them (:func:`inf_extremes`); the
+    scanner's finite-only values stay in ``finite_max``/``finite_min``."""
+    mx, mn = t.get("max"), t.get("min")
     finite = lambda v: v if v is not None and math.isfinite(v) else None  # noqa: E731
     out = dict(t, finite_max=finite(mx), finite_min=finite(mn))
-    if pos:
-        out["max"] = math.inf
-        out["min"] = mn if mn is not None else (-math.inf if neg else math.inf)
-    if neg:
-        out["min"] = -math.inf
-        out["max"] = math.inf if pos else (mx if mx is not None else -math.inf)
+    out["max"], out["min"] = inf_extremes(mx, mn, t.get("pos_inf", 0), t.get("neg_inf", 0))
     return out
 
 
