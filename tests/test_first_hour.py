@@ -254,3 +254,29 @@ def test_statistics_compare_shows_what_statistics_allow(tmp_path):
     assert doc["statistics_only"]["pairs"] == doc["pairs"]
     assert "CosineSimilarity" in doc["statistics_only"]["unavailable"]
     assert {r["compared_on"] for r in doc["rows"]} == {"statistics"}
+
+
+# -- 7. no leaked temporary folders; a clean build --------------------------------------------------
+
+def test_demo_removes_its_folder_on_sigterm(tmp_path):
+    from conftest import free_port, wait_for
+    import os
+    import signal
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "precision_agent", "demo", "--listen",
+                             f"127.0.0.1:{free_port()}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("precision-agent demo: watching "), first
+        folder = Path(first.split("watching ", 1)[1].strip()).parent
+        assert folder.parent == tmp_path and folder.is_dir()
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, rest
+    assert "firing at exit" in rest
+    wait_for(lambda: not folder.exists(), timeout=5, what="the demo's folder to be gone")
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("precision-agent-demo-")]
