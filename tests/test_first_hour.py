@@ -280,3 +280,36 @@ def test_demo_removes_its_folder_on_sigterm(tmp_path):
     assert "firing at exit" in rest
     wait_for(lambda: not folder.exists(), timeout=5, what="the demo's folder to be gone")
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("precision-agent-demo-")]
+
+
+# -- 6. progress counted in bytes (scan, compare) and in bytes and lines (replay) ---------------------
+
+def test_scan_progress_moves_inside_one_big_tensor(tmp_path):
+    import re
+    np.save(tmp_path / "big.npy", np.ones(24 << 20, np.float32))          # 96 MiB: one tensor
+    p = cli("scan", "--progress", tmp_path)
+    assert p.returncode == 0, p.stderr
+    frames = p.stderr.replace("\r", "\n").splitlines()
+    inside = [f for f in frames if re.search(r"\] \d+\.\d MiB/96\.0 MiB, 0/1 tensors$", f)]
+    assert inside, p.stderr                                                 # bytes move before the tensor is done
+    assert frames[-1].endswith("96.0 MiB/96.0 MiB, 1/1 tensors"), p.stderr
+
+
+def test_compare_progress_counts_bytes_and_pairs(tmp_path):
+    from test_compare_engine import _net
+    _net(tmp_path / "bench")
+    _net(tmp_path / "drift", half_fc2=True)
+    p = cli("compare", "--progress", tmp_path / "bench", tmp_path / "drift")
+    last = p.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("comparing [###") and "KiB/" in last and last.endswith("12/12 pairs"), p.stderr
+
+
+def test_replay_progress(tmp_path):
+    log = _megatron_log(tmp_path / "train.log", 30)
+    p = cli("replay", "--progress", log)
+    assert p.returncode == 1, p.stderr                                      # the loss scale reached its floor
+    last = p.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    size = log.stat().st_size
+    assert last.startswith("replaying [###") and last.endswith("31 lines"), p.stderr
+    assert f"/{size / 1024:.1f} KiB" in last, (last, size)
+    assert "replaying" not in cli("replay", log).stderr                     # no tty, no bar
