@@ -290,6 +290,8 @@ def all_problems(model: type[BaseModel], data: dict[str, Any], err: ValidationEr
             seen = {(loc, reason) for loc, _, reason in problems}
             fresh = [p for p in _problems(again) if (p[0], p[2]) not in seen and not _masked(p, removed)]
             problems += fresh
+        except Exception:  # noqa: BLE001 - a validator surprised by a partial config: keep what we have
+            break
     return problems
 
 

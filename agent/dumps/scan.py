@@ -3,7 +3,8 @@ overflow debug files, and judge it all with the same rules the daemon uses.
 
 Layouts are recognised by their files: msprobe (``dump.json``), CANN binary dumps (their file
 names; step and rank come from the directory path), MindSpore (``…{input|output}.{slot}.{format}.npy``
-names, ``statistic.csv``), and any other ``.npy``/``.npz`` tree. Statistics come from the dump
+names, ``statistic.csv``), and any other ``.npy``/``.npz`` tree, at any depth and tree by tree
+(:mod:`.discovery`: one unreadable tree never hides another). Statistics come from the dump
 itself when it has no tensor data (msprobe statistics mode, ``statistic.csv``), otherwise from one
 blocked pass of the scanner. ``Opdebug.Node_OpDebug.*`` files next to CANN dumps are decoded
 into overflow records matched to the overflowing op's own dump file. A file that cannot be read
