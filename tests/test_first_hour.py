@@ -87,6 +87,10 @@ def test_compare_finds_nested_trees_too(tmp_path):
     p = cli("compare", tmp_path / "bench", tmp_path / "target", "--json")
     doc = json.loads(p.stdout)
     assert doc["pairs"] == 5 and p.returncode == 0, p.stderr
+    for side in ("bench", "target"):                                    # a .npy beside them: a mixed tree
+        np.save(tmp_path / side / "extra.npy", np.arange(3, dtype=np.float32))
+    doc = json.loads(cli("compare", tmp_path / "bench", tmp_path / "target", "--json").stdout)
+    assert doc["layouts"] == {"bench": "mixed", "target": "mixed"} and doc["pairs"] == 6 and not doc["unmatched"]
 
 
 # -- 2. exit codes: 0 clean, 1 findings (page and above by default), 2 errors --------------------------
