@@ -81,6 +81,16 @@ def test_a_truncated_dump_json_hides_nothing_else(tmp_path):
     assert str(good) in {str(Path(t["path"]).parent.parent) for t in r["tensors"] if t["rank"] == 1}
 
 
+def test_opdebug_trees_levels_down_next_to_other_dumps(tmp_path):
+    from test_opdebug_scan import _two_ranks_two_steps
+    _two_ranks_two_steps(tmp_path / "cluster" / "node3" / "npu")            # GE dump trees with Opdebug files
+    _nan_net(tmp_path / "cluster" / "node3" / "gpu")                        # and an msprobe run beside them
+    rc, r = scan_json(tmp_path)
+    assert r["layout"] == "mixed" and {"cann", "msprobe"} <= set(r["layouts"])
+    assert [(o["op"], o["step"], o["rank"]) for o in r["overflows"]] == [("add", 1, 0), ("cast", 1, 0)]
+    assert rc == 1 and "DumpOverflow" in {f["rule"] for f in r["findings"]}
+
+
 def test_compare_finds_nested_trees_too(tmp_path):
     _nan_net(tmp_path / "bench" / "deep" / "er")
     _nan_net(tmp_path / "target" / "x")
