@@ -163,8 +163,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
     else:
         print(format_report(result))
     if not result["tensors"] and not result["overflows"] and not result["errors"]:
-        print(f"precision-agent: {path}: no dump files found (msprobe dump.json, CANN, Opdebug, MindSpore, "
-              ".npy/.npz) at any depth", file=sys.stderr)
+        print(f"precision-agent: {path}: " + (f"no tensor at step {args.step}" if args.step is not None else
+              "no dump files found (msprobe dump.json, CANN, Opdebug, MindSpore, .npy/.npz) at any depth"),
+              file=sys.stderr)
         return EXIT_CONFIG
     return exit_status(result["findings"], result["errors"], args.fail_on)
 

@@ -51,12 +51,21 @@ def run_quietly_on_closed_pipe(func, *args: Any) -> int:
         sys.stdout.flush()
         return status
     except BrokenPipeError:
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):   # pragma: no cover - stdout without a descriptor
-            pass
+        _to_devnull(sys.stdout)
+        try:                            # `2>&1 | head`: stderr may be the same closed pipe
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            _to_devnull(sys.stderr)
         return EXIT_PIPE
+
+
+def _to_devnull(stream: Any) -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # pragma: no cover - a stream without a descriptor
+        pass
 
 
 def human_bytes(n: float) -> str:
