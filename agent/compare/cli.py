@@ -3,7 +3,8 @@
 Exit status (as the other commands): 0 no divergence under the preset, 1 divergence (or, with
 ``--rerun``, any bit that differs), 2 bad usage or nothing readable to compare (a missing path, a
 side with no tensors, no pair at all, a CSV that cannot be written); unreadable files among
-readable ones are listed and give 2 only when nothing diverged.
+readable ones are listed and give 2 only when nothing diverged; 141 when stdout's reader went
+away (``| head``), quietly.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="precision-agent")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    from ..clitools import run_quietly_on_closed_pipe
+    return run_quietly_on_closed_pipe(args.func, args)
 
 
 if __name__ == "__main__":
