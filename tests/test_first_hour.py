@@ -327,3 +327,13 @@ def test_replay_progress(tmp_path):
     assert last.startswith("replaying [###") and last.endswith("31 lines"), p.stderr
     assert f"/{size / 1024:.1f} KiB" in last, (last, size)
     assert "replaying" not in cli("replay", log).stderr                     # no tty, no bar
+
+
+def test_npy_conversions_beside_cann_dumps_are_not_a_second_tree(tmp_path):
+    d = W.ensure_dir(str(tmp_path / "deep" / "dump" / "20240301120000" / "0"))
+    one = np.ones(4, np.float32)
+    name = W.dump_name("Add", "layer_add", 1, 0, 1_700_000_000_000)
+    W.write_cann_dump(f"{d}/{name}", inputs=[W.tensor(one)], outputs=[W.tensor(one)])
+    np.save(f"{d}/{name}.output.0.npy", one)                     # what msaccucmp's convert leaves beside it
+    rc, r = scan_json(tmp_path)
+    assert r["layout"] == "cann" and len(r["tensors"]) == 2 and rc == 0, r

@@ -6,7 +6,8 @@ may hold several kinds side by side. The walk sorts every file into the trees it
 
 - msprobe: each directory holding a ``dump.json`` is one rank (or ``proc<PID>``) directory;
   every file below it (``dump_tensor_data/``, ``stack.json``, ...) belongs to it;
-- CANN binary dumps (and Opdebug files): one tree per directory of dump-named files;
+- CANN binary dumps (and Opdebug files): one tree per directory of dump-named files (other files
+  in that directory, such as ``.npy`` conversions of those dumps, belong to it);
 - MindSpore: one tree per directory of MindSpore-named ``.npy`` files, and each ``statistic.csv``;
 - everything else that ends in ``.npy`` / ``.npz``: one tree per file.
 
@@ -152,7 +153,9 @@ def discover(path: Path, files: list[Path] | None = None,
     rank_dirs = {f.parent for f in files if f.name == "dump.json"}
     rest = [f for f in files if f.name != "dump.json" and not _inside(f, rank_dirs)] if rank_dirs else files
     cann = [f for f in rest if parse_dump_name(f.name)]
-    rest = [f for f in rest if not parse_dump_name(f.name)] if cann else rest
+    if cann:   # .npy files beside CANN dumps are their conversions (msaccucmp, precision_tool): not a tree
+        cann_dirs = {f.parent for f in cann}
+        rest = [f for f in rest if f.parent not in cann_dirs]
     ms_dirs = sorted({str(f.parent) for f in rest if f.suffix == ".npy" and parse_npy_name(f.name)})
     csvs = [f for f in rest if f.name == "statistic.csv"]
     plain = [f for f in rest if f.suffix in (".npy", ".npz") and not parse_npy_name(f.name)]
