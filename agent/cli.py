@@ -1,6 +1,8 @@
-"""The ``precision-agent`` command: run, replay, rules check, demo.
+"""The ``precision-agent`` command: run, replay, scan, compare, rules check/test, demo.
 
-Exit status: 0 success, 1 a check found problems, 2 bad usage or bad configuration.
+Exit status: 0 success, 1 a check found problems (``scan``/``replay``: a finding at or above
+``--fail-on``; see clitools.py), 2 bad usage, bad configuration or unreadable input; 141 when
+stdout's reader went away (``| head``), without a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .clitools import add_fail_on, exit_status, progress_bar, run_quietly_on_closed_pipe
 from .errors import DEFAULT_LISTEN, ConfigError
 from .model import json_safe
 
@@ -58,7 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         config = load_config(Path(args.config) if args.config else None, overrides)
     except ConfigError as exc:
-        print(f"precision-agent: bad configuration: {exc}", file=sys.stderr)
+        many = f" ({len(exc.problems)} problems)" if len(exc.problems) > 1 else ""
+        print(f"precision-agent: bad configuration{many}:{chr(10) if many else ' '}{exc}", file=sys.stderr)
         return EXIT_CONFIG
     if not config.watches:
         print("precision-agent: nothing to watch: give --watch PATH or 'watches:' in the config file",
@@ -92,16 +96,20 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print(f"precision-agent: {e}", file=sys.stderr)
             return EXIT_CONFIG
         result = replay(path, rules, "custom" if args.pattern and args.format == "auto" else args.format,
-                        pattern=args.pattern)
+                        pattern=args.pattern,
+                        progress=progress_bar(args.progress, verb="replaying", items="lines"))
     except (ConfigError, UnknownFormat) as exc:
         print(f"precision-agent: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as exc:
+        print(f"precision-agent: {path}: cannot read: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.json:
         json.dump(json_safe(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(format_report(result))
-    return EXIT_OK
+    return exit_status(result["findings"], [], args.fail_on)
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
@@ -124,31 +132,6 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
             continue
         print(f"SUCCESS {f}: {len(rules)} rule(s)")
     return EXIT_PROBLEMS if bad else EXIT_OK
-
-
-class _ProgressBar:
-    """A plain-text progress bar on stderr, redrawn at most every 0.2 s; nothing for quick scans
-    unless forced."""
-
-    def __init__(self, forced: bool, width: int = 30) -> None:
-        import time
-        self._clock = time.monotonic
-        self.forced, self.width = forced, width
-        self.start = self._clock()
-        self.last = 0.0
-        self.drawn = False
-
-    def __call__(self, done: int, total: int) -> None:
-        now = self._clock()
-        if done < total and (now - self.last < 0.2 or (not self.forced and now - self.start < 0.5)):
-            return
-        if done == total and not (self.forced or self.drawn):
-            return
-        self.last, self.drawn = now, True
-        filled = self.width * done // max(total, 1)
-        sys.stderr.write(f"\rscanning [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} tensors"
-                         + ("\n" if done == total else ""))
-        sys.stderr.flush()
 
 
 def _threads(text: str) -> int:
@@ -174,15 +157,18 @@ def cmd_scan(args: argparse.Namespace) -> int:
         for e in rules.errors.values():
             print(f"precision-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    show = args.progress or (args.progress is None and sys.stderr.isatty())
-    result = scan(path, args.step, rules, progress=_ProgressBar(args.progress is True) if show else None,
-                  threads=args.threads)
+    result = scan(path, args.step, rules, progress=progress_bar(args.progress), threads=args.threads)
     if args.json:
         json.dump(json_safe(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(format_report(result))
-    return EXIT_OK
+    if not result["tensors"] and not result["overflows"] and not result["errors"]:
+        print(f"precision-agent: {path}: " + (f"no tensor at step {args.step}" if args.step is not None else
+              "no dump files found (msprobe dump.json, CANN, Opdebug, MindSpore, .npy/.npz) at any depth"),
+              file=sys.stderr)
+        return EXIT_CONFIG
+    return exit_status(result["findings"], result["errors"], args.fail_on)
 
 
 def cmd_rules_test(args: argparse.Namespace) -> int:
@@ -220,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--pattern", help="a user-defined format: a regex with named groups (step, loss, grad_norm, "
                                       "loss_scale, lr, eval_loss, overflow, nonfinite)")
     rp.add_argument("--rules", action="append", metavar="DIR", help="rule directory (default: shipped rules)")
+    rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress (bytes and lines read) on stderr (default: when stderr is a terminal)")
+    add_fail_on(rp)
     rp.set_defaults(func=cmd_replay)
 
     sc = sub.add_parser("scan", help="scan tensor dumps: per-tensor statistics and the first bad op")
@@ -231,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="progress bar on stderr (default: when stderr is a terminal)")
     sc.add_argument("--threads", type=_threads, default=1, metavar="N",
                     help="scanner threads per tensor (default 1; the daemon always uses 1)")
+    add_fail_on(sc)
     sc.set_defaults(func=cmd_scan)
 
     from .compare.cli import add_parser as add_compare
@@ -265,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     except kernels.KernelError as exc:
         print(f"precision-agent: bad environment: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    return args.func(args)
+    return run_quietly_on_closed_pipe(args.func, args)
 
 
 if __name__ == "__main__":

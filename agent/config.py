@@ -244,9 +244,9 @@ class Config(_Strict):
     @field_validator("rule_dirs")
     @classmethod
     def _rule_dirs_exist(cls, v: list[Path]) -> list[Path]:
-        for p in v:
-            if not p.exists():
-                raise ValueError(f"rule directory {str(p)!r} does not exist")
+        missing = [str(p) for p in v if not p.exists()]
+        if missing:
+            raise ValueError("; ".join(f"rule directory {p!r} does not exist" for p in missing))
         return v
 
     @field_validator("web_config_file")
@@ -274,12 +274,70 @@ def split_listen(value: str) -> tuple[str, int]:
     return host, port
 
 
-def format_validation_error(file: str, err: ValidationError) -> ConfigError:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    msg = first["msg"].removeprefix("Value error, ")
-    more = len(err.errors()) - 1
-    return ConfigError(file, loc, msg + (f" (and {more} more problem(s))" if more else ""))
+Problem = tuple[tuple, str, str]   # (location, pydantic error type, reason)
+
+
+def _problems(err: ValidationError) -> list[Problem]:
+    return [(tuple(e["loc"]), e["type"], e["msg"].removeprefix("Value error, ")) for e in err.errors()]
+
+
+def _drop(data: Any, loc: tuple) -> tuple | None:
+    """Remove from ``data`` the deepest mapping key on ``loc``; the location removed, or None."""
+    node, deepest = data, None
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            deepest = (node, part, loc[:i + 1])
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            break
+    if deepest is None:
+        return None
+    parent, key, where = deepest
+    del parent[key]
+    return where
+
+
+def _masked(p: Problem, removed: list[tuple]) -> bool:
+    """A problem the removal of a bad field made up: that field now missing, or a cross-field
+    check that names it."""
+    loc, kind, reason = p
+    if kind == "missing" and loc in removed:
+        return True
+    return any(r[:len(loc)] == loc and len(r) > len(loc) and str(r[-1]) in reason for r in removed)
+
+
+def all_problems(model: type[BaseModel], data: dict[str, Any], err: ValidationError,
+                 rounds: int = 4) -> list[Problem]:
+    """Every problem of ``data``, not only those pydantic reports in one go: a model whose
+    fields fail never runs its cross-field checks, so the failing fields are taken out and the
+    rest validated again, until nothing new shows."""
+    import copy
+    problems = _problems(err)
+    fresh, work, removed = problems, copy.deepcopy(data), []
+    for _ in range(rounds):
+        dropped = [r for r in (_drop(work, loc) for loc, _, _ in fresh) if r is not None]
+        if not dropped:
+            break
+        removed += dropped
+        try:
+            model.model_validate(work)
+            break
+        except ValidationError as again:
+            seen = {(loc, reason) for loc, _, reason in problems}
+            fresh = [p for p in _problems(again) if (p[0], p[2]) not in seen and not _masked(p, removed)]
+            problems += fresh
+        except Exception:  # noqa: BLE001 - a validator surprised by a partial config: keep what we have
+            break
+    return problems
+
+
+def format_validation_error(file: str, err: ValidationError,
+                            problems: list[Problem] | None = None) -> ConfigError:
+    listed = [(".".join(str(p) for p in loc) or "(top level)", reason)
+              for loc, _, reason in (problems or _problems(err))]
+    return ConfigError(file, listed[0][0], listed[0][1], problems=listed)
 
 
 def load_yaml_mapping(path: Path) -> dict[str, Any]:
@@ -316,4 +374,5 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise format_validation_error(str(path) if path else "(command line)", exc) from exc
+        raise format_validation_error(str(path) if path else "(command line)", exc,
+                                      all_problems(Config, data, exc)) from exc

@@ -8,6 +8,7 @@ the agent fires them, and the URLs to look at, then keeps serving until Ctrl-C (
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,10 +16,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .alerts import Transition
 from .config import DEFAULT_LISTEN, Config, Limits, Watch, split_listen
 from .model import AlertState
+
+if TYPE_CHECKING:
+    from .daemon import Agent
 
 INTERVAL_S = 0.12
 
@@ -62,11 +67,35 @@ def _free_listen(wanted: str | None) -> str:
 
 
 def run_demo(duration: float | None = None, listen: str | None = None) -> int:
-    from .daemon import Agent
     import logging
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("precision_agent").setLevel(logging.ERROR)  # the demo prints alerts itself
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGHUP):    # a stopped demo leaves no temporary folder behind
+        signal.signal(sig, lambda *_: stop.set())
     tmp = Path(tempfile.mkdtemp(prefix="precision-agent-demo-"))
+    agent = job = None
+    try:
+        agent, job = _start(tmp, listen)
+        stop.wait(duration)                       # None: until Ctrl-C, SIGTERM or SIGHUP
+    except KeyboardInterrupt:
+        print()
+    finally:
+        try:
+            if job is not None and job.poll() is None:
+                job.terminate()
+                job.wait(5)
+            if agent is not None:
+                firing = [a for a in agent.pipeline.alerts.active() if a.state == AlertState.FIRING]
+                print(f"{len(firing)} alert(s) firing at exit; stopping the demo agent.", flush=True)
+                agent.shutdown()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def _start(tmp: Path, listen: str | None) -> tuple[Agent, subprocess.Popen]:
+    """The agent on ``tmp``, and the simulated job writing into it."""
     logs = tmp / "logs"
     logs.mkdir()
     config = Config(listen=_free_listen(listen), state_dir=tmp / "state", resync_interval=5.0,
@@ -85,8 +114,13 @@ def run_demo(duration: float | None = None, listen: str | None = None) -> int:
             print(f"[{time.monotonic() - t0:5.1f}s] {word} {a.rule} {{{labels}}}\n"
                   f"         {a.annotations.get('summary', '')}", flush=True)
 
+    from .daemon import Agent
     agent = Agent(config, on_transition=show)
-    agent.start()
+    try:
+        agent.start()
+    except BaseException:
+        agent.shutdown()
+        raise
     url = agent.http.url
     log_file = logs / "train.log"
     print(f"precision-agent demo: watching {logs}\n"
@@ -96,18 +130,4 @@ def run_demo(duration: float | None = None, listen: str | None = None) -> int:
     job = subprocess.Popen([sys.executable, "-c",
                             "import sys; from precision_agent.demo import simulated_job; "
                             "from pathlib import Path; simulated_job(Path(sys.argv[1]))", str(log_file)])
-    try:
-        deadline = None if duration is None else t0 + duration
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        print()
-    finally:
-        if job.poll() is None:
-            job.terminate()
-            job.wait(5)
-        firing = [a for a in agent.pipeline.alerts.active() if a.state == AlertState.FIRING]
-        print(f"{len(firing)} alert(s) firing at exit; stopping the demo agent.", flush=True)
-        agent.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return agent, job

@@ -8,8 +8,13 @@ DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 
 
 class ConfigError(Exception):
-    """A config problem a human can fix: carries the file, the field and the reason."""
+    """A config problem a human can fix: carries the file, the field and the reason.
 
-    def __init__(self, file: str, field: str, reason: str) -> None:
+    A file with several problems carries them all in ``problems`` ((field, reason) pairs, the
+    first also in ``field``/``reason``); the message has one ``file: field: reason`` line each."""
+
+    def __init__(self, file: str, field: str, reason: str,
+                 problems: list[tuple[str, str]] | None = None) -> None:
         self.file, self.field, self.reason = file, field, reason
-        super().__init__(f"{file}: {field}: {reason}")
+        self.problems = problems or [(field, reason)]
+        super().__init__("\n".join(f"{file}: {f}: {r}" for f, r in self.problems))

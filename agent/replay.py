@@ -10,9 +10,10 @@ loss_scaling, finished, attempts``.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .model import NONFINITE_MESSAGE, OVERFLOW, Sample
 from .pipeline import Pipeline
@@ -23,8 +24,11 @@ from .series import SeriesState
 READ_STEP = 4 << 20  # bytes per step: the samples of one step are what replay holds in memory
 
 
+Progress = Callable[[int, int, int, int | None], None]  # (bytes read, file size, lines read, None)
+
+
 def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str] | None = None,
-           pattern: str | None = None) -> dict[str, Any]:
+           pattern: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
     # fresh detectors: a rule set reused across files must not carry one file's history into the next
     pipeline = Pipeline(rules.fresh(), max_series=1 << 20, keep_findings=100_000)
     nonfinite: list[dict[str, Any]] = []
@@ -38,12 +42,17 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
     stream = LogStream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20, pattern=pattern)
     try:
         now = time.time()
+        size = os.stat(path).st_size if progress is not None else 0
         while True:  # bounded steps: a multi-GB log never sits in memory at once
             before = stream.stats.bytes
             pipeline.process(stream.poll(READ_STEP, now))
             if stream.stats.bytes == before:
                 break
+            if progress is not None:
+                progress(min(stream.stats.bytes, size), size, stream.stats.lines, None)
         pipeline.process(stream.finish(now))  # the rest, and the last line even without "\n"
+        if progress is not None:
+            progress(size, size, stream.stats.lines, None)
     finally:
         stream.close()
     series = list(pipeline.series.values())

@@ -13,7 +13,13 @@ def test_plain_install_carries_rules_and_exporter_assets(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                            "--target", str(target), str(REPO)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    # a clean build: no setuptools deprecation (license table) or "absent from packages" warnings
+    build_warnings = [ln for ln in proc.stderr.splitlines() if "BuildBackendWarning" in ln or "eprecat" in ln]
+    assert not build_warnings, proc.stderr
     rules = list((target / "precision_agent" / "rules").glob("*.yml"))
+    assert (target / "precision_agent" / "rules" / "tests" / "training_test.yml").is_file()
+    assert list((target / "precision_agent" / "exporters" / "grafana").glob("*.json"))
+    assert list((target / "precision_agent" / "exporters" / "prometheus").glob("*.yml"))
     assert rules, "no rule files in the installed package"
     env = {**os.environ, "PYTHONPATH": str(target)}
     check = subprocess.run([sys.executable, "-m", "precision_agent", "rules", "check"], capture_output=True,

@@ -3,7 +3,8 @@
 Exit status (as the other commands): 0 no divergence under the preset, 1 divergence (or, with
 ``--rerun``, any bit that differs), 2 bad usage or nothing readable to compare (a missing path, a
 side with no tensors, no pair at all, a CSV that cannot be written); unreadable files among
-readable ones are listed and give 2 only when nothing diverged.
+readable ones are listed and give 2 only when nothing diverged; 141 when stdout's reader went
+away (``| head``), quietly.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     # size (blocks.py), so its thread pool would only cost start-up and spinning: ~60 ms of a
     # 0.35 s compare of a 90 MB dump pair. A user's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from ..cli import _ProgressBar   # the one scan uses; imported here: agent.cli imports this module
+    from ..clitools import progress_bar   # the one scan uses
     from .engine import compare_sides
     from .pairing import read_side
     from .report import format_text, to_json, write_csv
@@ -59,9 +60,8 @@ def run(args: argparse.Namespace) -> int:
             why = "; ".join(f"{p}: {r}" for p, r in side.errors[:3]) or "no dump files found"
             print(f"precision-agent: {name} {side.path}: no tensors to compare ({why})", file=sys.stderr)
             return EXIT_USAGE
-    show = args.progress or (args.progress is None and sys.stderr.isatty())
-    res = compare_sides(target, bench, preset=args.preset, rerun=args.rerun, step=args.step,
-                        rank=args.rank, progress=_ProgressBar(args.progress is True) if show else None)
+    res = compare_sides(target, bench, preset=args.preset, rerun=args.rerun, step=args.step, rank=args.rank,
+                        progress=progress_bar(args.progress, verb="comparing", items="pairs"))
     if args.csv:
         try:
             with open(args.csv, "w", newline="", encoding="utf-8") as fh:
@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="precision-agent")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return args.func(args)
+    from ..clitools import run_quietly_on_closed_pipe
+    return run_quietly_on_closed_pipe(args.func, args)
 
 
 if __name__ == "__main__":

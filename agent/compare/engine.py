@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..dumps.scan import statistics
+from ..dumps.scan import inf_extremes, statistics, tensor_bytes
 from ..dumps.types import DumpError, DumpTensor
 from ..model import TensorStats
 from .metrics import StatsDiff, TensorDiff, compare_arrays, compare_stats
@@ -25,7 +25,7 @@ from .pairing import Pair, Side, filter_side, pair_sides, read_side, tensor_labe
 from .verdict import (PRESET_FLAGS, PRESETS, Judged, first_differing, first_diverging, stats_distance,
                       stats_within, tensor_within, tolerance)
 
-Progress = Callable[[int, int], None]
+Progress = Callable[[int, int, int, int], None]  # (bytes done, bytes in all, pairs done, pairs in all)
 
 
 @dataclass(slots=True)
@@ -155,10 +155,13 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     res = CompareResult(target, bench, preset, "rerun" if rerun else "benchmark",
                         unmatched=pairing.unmatched, unmatched_tensors=pairing.unmatched_tensors)
     n = len(pairing.pairs)
+    weights = [tensor_bytes(p.target) + tensor_bytes(p.bench) for p in pairing.pairs] if progress else []
+    total, done = sum(weights), 0
     for i, pair in enumerate(pairing.pairs):
         res.rows.append(compare_pair(i, pair, preset, rerun))
         if progress is not None:
-            progress(i + 1, n)
+            done += weights[i]
+            progress(done, total, i + 1, n)
     judged = [r.judged() for r in res.rows]
     res.first_diverging_op, res.corrupted_input = first_diverging(judged, preset, rerun)
     for where in (res.first_diverging_op, res.corrupted_input):
@@ -197,7 +200,8 @@ def _details(row: Row) -> dict[str, Any]:
 
 
 def _stat_dict(s: TensorStats) -> dict[str, Any]:
-    return {"max": s.max, "min": s.min, "mean": s.mean, "l2norm": s.l2norm, "nan": s.nan,
+    mx, mn = inf_extremes(s.max, s.min, s.pos_inf, s.neg_inf)   # ±Inf shown as msprobe shows them
+    return {"max": mx, "min": mn, "mean": s.mean, "l2norm": s.l2norm, "nan": s.nan,
             "pos_inf": s.pos_inf, "neg_inf": s.neg_inf}
 
 

@@ -83,6 +83,7 @@ def tensor_label(t: DumpTensor) -> str:
 
 def pair_key(t: DumpTensor, layout: str) -> tuple:
     """The run-independent identity of a tensor within its (step, rank) group."""
+    layout = t.extra.get("layout", layout)   # a "mixed" tree: each tensor says its own
     if layout == "msprobe":
         return (t.name, t.io, str(t.extra.get("arg", t.index)))
     if layout == "npy":

@@ -11,11 +11,13 @@ import csv
 import math
 from typing import IO, Any
 
+from ..dumps.scan import inf_extremes
 from ..dumps.types import DumpTensor
 from ..model import TensorStats
 from .engine import CompareResult, Row
 from .metrics import RATIO_NAMES
 from .pairing import tensor_label
+from .verdict import stats_distance
 
 MSACCUCMP_HEADER = ["Index", "OpType", "NPUDump", "DataType", "Address", "GroundTruth", "DataType",
                     "Address", "TensorIndex", "Shape", "CosineSimilarity", "MaxAbsoluteError",
@@ -47,21 +49,45 @@ def verdict(res: CompareResult) -> str:
     return "diverged" if res.diverged else "within_tolerance"
 
 
-def _num(v: Any) -> str:
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
+# what a statistics-only pair (msprobe statistics mode, statistic.csv) cannot give: they need data
+TENSOR_ONLY_METRICS = ("CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError",
+                       "AccumulatedRelativeError", "KullbackLeiblerDivergence", "MeanAbsoluteError",
+                       "RootMeanSquareError", "MaxRelativeError", "MeanRelativeError") + tuple(RATIO_NAMES)
+STATS_METRICS = ("MaxRelativeErr", "MinRelativeErr", "MeanRelativeErr", "NormRelativeErr")
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{digits}g}" if isinstance(v, float) else str(v)
+
+
+def distinct(v: Any, ref: float, digits: int = 3) -> str:
+    """``v`` with as many significant digits as it takes not to read as ``ref`` (a cosine of
+    0.9999996 is not "1"; a RED just over its tolerance is not the tolerance)."""
+    if not isinstance(v, float) or not math.isfinite(v) or v == ref:
+        return _num(v, digits)
+    for p in range(digits, 18):
+        if f"{v:.{p}g}" != f"{ref:.{p}g}":
+            return f"{v:.{p}g}"
+    return repr(v)  # pragma: no cover - v != ref always differs by 17 digits
 
 
 def _where(d: dict[str, Any]) -> str:
-    return f"{d['op']} {d['tensor']} (step {d['step']}, rank {d['rank']})"
+    at = [f"{k} {d[k]}" for k in ("step", "rank") if d.get(k) is not None]
+    return f"{d['op']} {d['tensor']}" + (f" ({', '.join(at)})" if at else "")
 
 
 def _evidence(d: dict[str, Any]) -> str:
     m = d.get("metrics")
     if m:
-        return (f"RED {_num(m.get('RelativeEuclideanDistance'))} (tolerance {_num(d['tolerance'])}), "
-                f"cosine {m.get('CosineSimilarity')!s}, max|Δ| {_num(m.get('MaxAbsoluteError'))}")
+        tol = d["tolerance"]
+        return (f"RED {distinct(m.get('RelativeEuclideanDistance'), tol)} (tolerance {_num(tol)}), "
+                f"cosine {distinct(m.get('CosineSimilarity'), 1.0, 6)}, max|Δ| {_num(m.get('MaxAbsoluteError'))}")
     if "stats_distance" in d:
-        return f"statistics differ by {_num(d['stats_distance'])} relative (tolerance {_num(d['tolerance'])})"
+        tol = d["tolerance"]
+        return (f"statistics differ by {distinct(d['stats_distance'], tol)} relative (tolerance {_num(tol)}; "
+                "a statistics dump has no cosine or RED)")
     return d.get("fail_reason", "")
 
 
@@ -105,6 +131,7 @@ def row_dict(r: Row) -> dict[str, Any]:
                    nonfinite_mismatch=r.diff.nonfinite_mismatch)
     if r.stats_diff is not None:
         out["stats_diffs"] = dict(r.stats_diff.diffs)
+    out["compared_on"] = "tensors" if r.diff is not None else "statistics" if r.stats_diff is not None else None
     return out
 
 
@@ -118,6 +145,8 @@ def to_json(res: CompareResult) -> dict[str, Any]:
             "identical": res.identical, "diverged": res.diverged, "verdict": verdict(res),
             "summary": summary(res), "differ_bitwise": sum(not r.equal for r in res.rows),
             "beyond_tolerance": sum(r.ok is False for r in res.rows), "errors": res.errors,
+            "statistics_only": {"pairs": sum(r.diff is None and r.stats_diff is not None for r in res.rows),
+                                "metrics": list(STATS_METRICS), "unavailable": list(TENSOR_ONLY_METRICS)},
             "rows": [row_dict(r) for r in res.rows]}
 
 
@@ -174,7 +203,8 @@ def _msprobe_name(t: DumpTensor) -> str:
 def _stat_cells(s: TensorStats | None) -> list[str]:
     if s is None:
         return ["N/A"] * 4
-    return [_fmt(v, "N/A") for v in (s.max, s.min, s.mean, s.l2norm)]
+    mx, mn = inf_extremes(s.max, s.min, s.pos_inf, s.neg_inf)   # inf / -inf as msprobe writes them
+    return [_fmt(v, "N/A") for v in (mx, mn, s.mean, s.l2norm)]
 
 
 def _pct(v: float | None) -> str:
@@ -232,18 +262,9 @@ def format_text(res: CompareResult, limit: int = 30) -> str:
     f = res.first_differing_tensor
     lines.append("first differing tensor: " + (f"{_where(f)}: {_evidence(f)}" if f else "none"))
     bad = [r for r in res.rows if r.ok is False]
-    if bad:
-        lines.append(f"{'step':>4} {'rank':>4}  {'tensor':<56} {'cosine':>10} {'RED':>10} {'max|Δ|':>10}")
-        for r in bad[:limit]:
-            m = r.diff.metrics if r.diff is not None else {}
-            lines.append(f"{str(r.target.step):>4} {str(r.target.rank):>4}  "
-                         f"{(r.target.name + ' ' + tensor_label(r.target))[:56]:<56} "
-                         + " ".join(f"{_num(m.get(k, float('nan'))):>10}" for k in
-                                    ("CosineSimilarity", "RelativeEuclideanDistance", "MaxAbsoluteError")))
-        if len(bad) > limit:
-            lines.append(f"... {len(bad) - limit} more (--json or --csv for all)")
+    lines += _failing_tables(bad, limit)
     for u in res.unmatched[:limit]:
-        lines.append(f"unmatched {u['side']}: {u['op']} {u['tensor']} (step {u['step']}, rank {u['rank']})")
+        lines.append(f"unmatched {u['side']}: {_where(u)}")
     if len(res.unmatched) > limit:
         lines.append(f"... {len(res.unmatched) - limit} more unmatched")
     for e in res.errors[:limit]:
@@ -251,3 +272,40 @@ def format_text(res: CompareResult, limit: int = 30) -> str:
     return "\n".join(lines)
 
 
+
+
+def _at(t: DumpTensor) -> str:
+    return f"{_num(t.step):>5} {_num(t.rank):>4}"
+
+
+def _failing_tables(bad: list[Row], limit: int) -> list[str]:
+    """The failing pairs, tensor pairs and statistics-only pairs apart, each with the metrics it
+    has, enough digits to see why it failed, and the tensor's full name last."""
+    lines: list[str] = []
+    tensors = [r for r in bad if r.diff is not None]
+    stats = [r for r in bad if r.diff is None]
+    if tensors:
+        lines.append(f"{'step':>5} {'rank':>4} {'cosine':>12} {'RED':>10} {'tolerance':>10} {'max|Δ|':>10}  tensor")
+        for r in tensors[:limit]:
+            m = r.diff.metrics if r.diff is not None else {}
+            lines.append(f"{_at(r.target)} {distinct(m.get('CosineSimilarity'), 1.0, 6):>12} "
+                         f"{distinct(m.get('RelativeEuclideanDistance'), r.tolerance):>10} {_num(r.tolerance):>10} "
+                         f"{_num(m.get('MaxAbsoluteError')):>10}  {r.target.name} {tensor_label(r.target)}"
+                         + (f"  ({r.fail_reason})" if r.fail_reason else ""))
+        if len(tensors) > limit:
+            lines.append(f"... {len(tensors) - limit} more (--json or --csv for all)")
+    if stats:
+        lines.append("statistics only (no tensor data: cosine, RED and max|Δ| cannot be computed; relative "
+                     "differences of max, min, mean and norm as msprobe's statistics compare gives them):")
+        lines.append(f"{'step':>5} {'rank':>4} {'distance':>10} {'tolerance':>10} {'max rel':>9} {'min rel':>9} "
+                     f"{'mean rel':>9} {'norm rel':>9}  tensor")
+        for r in stats[:limit]:
+            d = r.stats_diff.diffs if r.stats_diff is not None else {}
+            dist = (stats_distance(r.target_stats, r.bench_stats)
+                    if r.target_stats is not None and r.bench_stats is not None else None)
+            rel = " ".join(f"{_pct(d.get(k)) if d.get(k) is not None else '-':>9}" for k in STATS_METRICS)
+            lines.append(f"{_at(r.target)} {distinct(dist, r.tolerance):>10} {_num(r.tolerance):>10} {rel}  "
+                         f"{r.target.name} {tensor_label(r.target)}" + (f"  ({r.fail_reason})" if r.fail_reason else ""))
+        if len(stats) > limit:
+            lines.append(f"... {len(stats) - limit} more (--json or --csv for all)")
+    return lines

@@ -3,7 +3,8 @@ overflow debug files, and judge it all with the same rules the daemon uses.
 
 Layouts are recognised by their files: msprobe (``dump.json``), CANN binary dumps (their file
 names; step and rank come from the directory path), MindSpore (``…{input|output}.{slot}.{format}.npy``
-names, ``statistic.csv``), and any other ``.npy``/``.npz`` tree. Statistics come from the dump
+names, ``statistic.csv``), and any other ``.npy``/``.npz`` tree, at any depth and tree by tree
+(:mod:`.discovery`: one unreadable tree never hides another). Statistics come from the dump
 itself when it has no tensor data (msprobe statistics mode, ``statistic.csv``), otherwise from one
 blocked pass of the scanner. ``Opdebug.Node_OpDebug.*`` files next to CANN dumps are decoded
 into overflow records matched to the overflowing op's own dump file. A file that cannot be read
@@ -15,16 +16,18 @@ by feeding :func:`.schedule.result_samples` -- the daemon's own samples -- to a 
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
 
 from ..model import TensorStats
-from .cann import dump_dir_location, list_dump_dir, parse_dump_name
-from .mindspore import parse_npy_name, read_mindspore_npy_dir, read_statistic_csv
-from .msprobe import list_msprobe_dump
-from .npy import read_npy, read_npz
+from .cann import dump_dir_location, parse_dump_name
+from .discovery import MAX_FILES, discover, walk  # noqa: F401 - discover is re-exported (compare)
 from .opdebug import find_overflow_ops
 from .scanner import scan_array
 from .types import DumpError, DumpTensor
@@ -32,86 +35,8 @@ from .types import DumpError, DumpTensor
 if TYPE_CHECKING:  # the rules stack is imported where it is used: `compare` never needs it
     from ..rulefile import RuleSet
 
-MAX_FILES = 200_000  # bound the walk of a hostile or mistaken tree
 MAX_OPDEBUG_FILES = 10_000  # per scan: each is decoded, and each overflow becomes a JSON entry
-Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
-
-
-def _files(root: Path) -> Iterator[Path]:
-    n = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            yield Path(dirpath) / name
-            n += 1
-            if n >= MAX_FILES:
-                return
-
-
-def _tree(path: Path) -> list[Path]:
-    return [path] if path.is_file() else list(_files(path))
-
-
-def _cann_tensors(files: list[Path]) -> tuple[list[DumpTensor], list[tuple[str, str]]]:
-    """Tensors of every CANN dump directory, with step and rank from the directory's path; the
-    execution order runs on across directories of the same (step, rank)."""
-    tensors: list[DumpTensor] = []
-    errors: list[tuple[str, str]] = []
-    next_order: dict[tuple, int] = {}
-    for d in sorted({str(f.parent) for f in files if parse_dump_name(f.name)}):
-        found, errs = list_dump_dir(d)
-        step, rank = dump_dir_location(d)
-        base = next_order.get((step, rank), 0)
-        for t in found:
-            t.step, t.rank, t.order = step, rank, base + t.order
-        if found:
-            next_order[(step, rank)] = found[-1].order + 1
-        tensors.extend(found)
-        errors.extend(errs)
-    return tensors, errors
-
-
-def discover(path: Path, files: list[Path] | None = None,
-             ) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
-    """All tensors under ``path`` in execution order, the unreadable files, and the layout."""
-    errors: list[tuple[str, str]] = []
-    files = _tree(path) if files is None else files
-    if any(f.name == "dump.json" for f in files):
-        try:
-            return list_msprobe_dump(path), errors, "msprobe"
-        except DumpError as exc:
-            return [], [(str(path), str(exc))], "msprobe"
-    if any(parse_dump_name(f.name) for f in files):
-        tensors, errors = _cann_tensors(files)
-        return tensors, errors, "cann"
-    ms_dirs = sorted({str(f.parent) for f in files if f.suffix == ".npy" and parse_npy_name(f.name)})
-    csvs = [f for f in files if f.name == "statistic.csv"]
-    if ms_dirs or csvs:
-        tensors = []
-        for d in ms_dirs:
-            try:
-                tensors.extend(read_mindspore_npy_dir(d))
-            except DumpError as exc:
-                errors.append((d, str(exc)))
-        for c in csvs:
-            try:
-                tensors.extend(read_statistic_csv(c))
-            except DumpError as exc:
-                errors.append((str(c), str(exc)))
-        return tensors, errors, "mindspore"
-    tensors = []
-    base = path if path.is_dir() else path.parent
-    for f in files:
-        try:
-            if f.suffix == ".npy":
-                tensors.append(read_npy(f, name=str(f.relative_to(base))))
-            elif f.suffix == ".npz":
-                tensors.extend(read_npz(f))
-        except DumpError as exc:
-            errors.append((str(f), str(exc)))
-    for i, t in enumerate(tensors):
-        t.order, t.io = i, t.io or "output"
-    return tensors, errors, "npy"
+Progress = Callable[[int, int, int, int], None]  # (bytes done, bytes in all, tensors done, tensors in all)
 
 
 def overflows(files: list[Path], tensors: list[DumpTensor], errors: list[tuple[str, str]],
@@ -144,13 +69,33 @@ def overflows(files: list[Path], tensors: list[DumpTensor], errors: list[tuple[s
     return out
 
 
-def statistics(t: DumpTensor, threads: int = 1) -> TensorStats:
-    """The tensor's statistics: given by the dump, or computed in one pass over its data."""
+def tensor_bytes(t: DumpTensor) -> int:
+    """How many bytes of data one pass over ``t`` reads (0 for statistics-only tensors)."""
+    if t.load is None:
+        return 0
+    try:
+        size = 2 if t.dtype == "bfloat16" else np.dtype(t.dtype).itemsize
+    except TypeError:
+        size = 1
+    return math.prod(t.shape) * size
+
+
+def statistics(t: DumpTensor, threads: int = 1, on_bytes: Callable[[int], None] | None = None) -> TensorStats:
+    """The tensor's statistics: given by the dump, or computed in one pass over its data.
+    ``on_bytes(n)``: called as the pass advances (about every 32 MiB), n bytes at a time."""
     if t.load is None:
         if t.stats is None:
             raise DumpError(f"{t.path or t.name}: neither data nor statistics")
         return replace(t.stats, step=t.step, rank=t.rank, path=t.path)
-    s = scan_array(t.load(), dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads)
+    advance = None
+    if on_bytes is not None:
+        lock = threading.Lock()
+
+        def advance(start: int, end: int) -> None:   # the scanner's page-release hook
+            with lock:
+                on_bytes(end - start)
+    s = scan_array(t.load(), dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads,
+                   _release=advance)
     return replace(s, step=t.step, rank=t.rank, path=t.path)
 
 
@@ -181,24 +126,37 @@ def first_bad_op(tensors: list[DumpTensor], stats: list[TensorStats]) -> dict[st
 
 def scan_dump(path: Path, step: int | None = None, progress: Progress | None = None,
               threads: int = 1) -> dict[str, Any]:
-    """Statistics, first bad op, overflows and unreadable files of one tree (no findings)."""
-    files = _tree(path)
-    tensors, errors, layout = discover(path, files)
-    found = overflows(files, tensors, errors) if layout == "cann" else []
+    """Statistics, first bad op, overflows and unreadable files of one tree (no findings).
+    ``progress(bytes done, bytes in all, tensors done, tensors in all)``."""
+    w = walk(path)
+    tensors, errors, layout = discover(path, w.files)
+    errors = w.errors + errors
+    found = overflows(w.files, tensors, errors) if layout in ("cann", "mixed") else []
     if step is not None:
         tensors = [t for t in tensors if t.step == step]
         found = [o for o in found if o["step"] == step]
     kept: list[DumpTensor] = []
     stats: list[TensorStats] = []
+    total = sum(tensor_bytes(t) for t in tensors)
+    done = 0
     for i, t in enumerate(tensors):
+        before = done
+
+        def on_bytes(n: int, i: int = i) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(min(done, total), total, i, len(tensors))
         try:
-            stats.append(statistics(t, threads))
+            stats.append(statistics(t, threads, on_bytes if progress is not None else None))
             kept.append(t)
         except (DumpError, TypeError, ValueError, OSError) as exc:
             errors.append((t.path or t.name, str(exc)))
+        done = before + tensor_bytes(t)
         if progress is not None:
-            progress(i + 1, len(tensors))
-    return {"path": str(path), "layout": layout, "tensors": [asdict(s) for s in stats],
+            progress(done, total, i + 1, len(tensors))
+    layouts = sorted({t.extra.get("layout", layout) for t in tensors}) if layout == "mixed" else [layout]
+    return {"path": str(path), "layout": layout, "layouts": layouts, "tensors": [asdict(s) for s in stats],
             "first_nonfinite": first_bad_op(kept, stats), "overflows": found,
             "errors": [{"path": p, "reason": r} for p, r in errors]}
 
@@ -225,35 +183,85 @@ def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
          labels: dict[str, str] | None = None, progress: Progress | None = None,
          threads: int = 1) -> dict[str, Any]:
     """``precision-agent scan``: :func:`scan_dump` plus the findings of ``rules`` (default: the
-    shipped rule files). ``threads``: scanner threads per tensor (the daemon keeps 1)."""
+    shipped rule files), tensors shown as msprobe shows them (:func:`with_inf_extremes`).
+    ``threads``: scanner threads per tensor (the daemon keeps 1)."""
     if rules is None:
         from ..rulefile import default_rules_dir, load_rules
         rules = load_rules([default_rules_dir()])
     r = scan_dump(path, step, progress, threads)
-    r["findings"] = findings(r, rules, labels)
+    r["findings"] = findings(r, rules, labels)   # judged on the scanner's own statistics
+    r["tensors"] = [with_inf_extremes(t) for t in r["tensors"]]
     return r
 
 
+def inf_extremes(mx: float | None, mn: float | None, pos_inf: int, neg_inf: int,
+                 ) -> tuple[float | None, float | None]:
+    """(max, min) as msprobe writes them: +Inf when an element is +Inf (-Inf likewise), the
+    finite extreme otherwise; a tensor of only +Inf has min +Inf too. NaN elements are left out
+    (they are counted apart): a tensor of only NaN has neither."""
+    if pos_inf:
+        mx = math.inf
+        mn = mn if mn is not None else (-math.inf if neg_inf else math.inf)
+    if neg_inf:
+        mn = -math.inf
+        mx = math.inf if pos_inf else (mx if mx is not None else -math.inf)
+    return mx, mn
+
+
+def with_inf_extremes(t: dict[str, Any]) -> dict[str, Any]:
+    """A tensor's JSON with ``max``/``min`` as msprobe writes them (:func:`inf_extremes`); the
+    scanner's finite-only values stay in ``finite_max``/``finite_min``."""
+    mx, mn = t.get("max"), t.get("min")
+    finite = lambda v: v if v is not None and math.isfinite(v) else None  # noqa: E731
+    out = dict(t, finite_max=finite(mx), finite_min=finite(mn))
+    out["max"], out["min"] = inf_extremes(mx, mn, t.get("pos_inf", 0), t.get("neg_inf", 0))
+    return out
+
+
+def _num(v: Any) -> str:
+    """A statistic in a table cell: ±Inf and NaN as msprobe prints them (inf, -inf, nan)."""
+    if v is None:
+        return "-"
+    if isinstance(v, str):          # already JSON-safe ("+Inf")
+        return {"+Inf": "inf", "-Inf": "-inf", "NaN": "nan"}.get(v, v)
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _at(step: Any, rank: Any) -> str:
+    parts = [f"{k} {v}" for k, v in (("step", step), ("rank", rank)) if v is not None]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def format_report(r: dict[str, Any], limit: int = 40) -> str:
-    lines = [f"path:    {r['path']}", f"layout:  {r['layout']}", f"tensors: {len(r['tensors'])}"]
+    """The text report: every name in full (the tensor column comes last, so long names never
+    push the numbers out of line), steps and ranks as ``-`` where the layout has none."""
+    lines = [f"path:    {r['path']}", f"layout:  {r['layout']}"
+             + (f" ({', '.join(r['layouts'])})" if r.get("layouts") and r["layout"] == "mixed" else ""),
+             f"tensors: {len(r['tensors'])}"]
     bad = [t for t in r["tensors"] if t["nan"] or t["pos_inf"] or t["neg_inf"]]
     lines.append(f"with NaN/Inf: {len(bad)}")
     f = r["first_nonfinite"]
-    lines.append("first bad op: " + (f"{f['op']} {f['tensor']} (step {f['step']}, rank {f['rank']})" if f else "none"))
+    lines.append("first bad op: " + (f"{f['op']} {f['tensor']}{_at(f['step'], f['rank'])}" if f else "none"))
     if bad:
-        lines.append(f"{'step':>4} {'rank':>4}  {'tensor':<48} {'nan':>6} {'+inf':>6} {'-inf':>6} {'max':>12}")
+        lines.append(f"{'step':>5} {'rank':>4} {'nan':>8} {'+inf':>8} {'-inf':>8} {'max':>12} {'min':>12}  tensor")
         for t in bad[:limit]:
-            lines.append(f"{str(t['step']):>4} {str(t['rank']):>4}  {(t['name'] + ' ' + t['io'] + str(t['index']))[:48]:<48}"
-                         f" {t['nan']:>6} {t['pos_inf']:>6} {t['neg_inf']:>6} {str(t['max']):>12}")
+            lines.append(f"{_num(t['step']):>5} {_num(t['rank']):>4} {t['nan']:>8} {t['pos_inf']:>8} {t['neg_inf']:>8}"
+                         f" {_num(t['max']):>12} {_num(t['min']):>12}  {t['name']} {t['io']}[{t['index']}]")
+        if len(bad) > limit:
+            lines.append(f"... and {len(bad) - limit} more (use --json)")
     ovf = r.get("overflows") or []
     lines.append(f"overflows: {len(ovf)}" + (" (earliest first)" if ovf else ""))
     for o in ovf[:limit]:
-        lines.append(f"  step {o['step']} rank {o['rank']}  {o['op'] or '(dump file not found)'} [{o['op_type'] or '?'}]"
-                     f"  {o['accelerator']} task {o['task_id']} stream {o['stream_id']}: {o['status'] or 'no flag'}")
+        lines.append(f"  step {_num(o['step'])} rank {_num(o['rank'])}  {o['op'] or '(dump file not found)'} "
+                     f"[{o['op_type'] or '?'}]  {o['accelerator']} task {o['task_id']} stream {o['stream_id']}: "
+                     f"{o['status'] or 'no flag'}")
     fs = r.get("findings") or []
     lines.append(f"findings: {len(fs)}")
     for f in fs[:limit]:
-        lines.append(f"  [{f['severity']}] {f['rule']} step {f['step']}: {f['summary']}")
+        lines.append(f"  [{f['severity']}] {f['rule']}{' step ' + str(f['step']) if f['step'] is not None else ''}: "
+                     f"{f['summary']}")
     for e in r["errors"][:limit]:
         lines.append(f"unreadable: {e['path']}: {e['reason']}")
+    if len(r["errors"]) > limit:
+        lines.append(f"... and {len(r['errors']) - limit} more unreadable (use --json)")
     return "\n".join(lines)

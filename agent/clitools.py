@@ -1,0 +1,118 @@
+"""What every one-shot command shares: the progress bar, the exit status of a report, and a
+quiet end when the reader of stdout goes away (``precision-agent scan ... | head``).
+
+Exit status of ``scan`` and ``replay`` (``compare`` has the same shape, see compare/cli.py):
+0 clean, 1 findings at or above ``--fail-on`` (default ``page``: the rules' page and critical
+findings; ``--fail-on info`` makes any finding count), 2 errors: bad usage, nothing readable,
+or unreadable files/lines when no finding reached ``--fail-on``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Iterable
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERRORS = 0, 1, 2
+EXIT_PIPE = 141                  # 128 + SIGPIPE: what a shell reports for `yes | head`
+SEVERITIES = ("info", "warning", "ticket", "page", "critical")
+DEFAULT_FAIL_ON = "page"
+
+
+def add_fail_on(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fail-on", choices=SEVERITIES, default=DEFAULT_FAIL_ON, metavar="SEVERITY",
+                   help="exit 1 when a finding has this severity or a higher one (default page; "
+                        f"one of {', '.join(SEVERITIES)})")
+
+
+def failing(findings: Iterable[dict[str, Any]], fail_on: str) -> list[dict[str, Any]]:
+    """The findings at or above ``fail_on`` (an unknown severity counts as failing)."""
+    floor = SEVERITIES.index(fail_on)
+    return [f for f in findings
+            if f.get("severity") not in SEVERITIES or SEVERITIES.index(f["severity"]) >= floor]
+
+
+def exit_status(findings: Iterable[dict[str, Any]], errors: Iterable[Any], fail_on: str) -> int:
+    """1 when a finding reaches ``fail_on``, else 2 when anything could not be read, else 0."""
+    if failing(findings, fail_on):
+        return EXIT_FINDINGS
+    return EXIT_ERRORS if any(True for _ in errors) else EXIT_OK
+
+
+def run_quietly_on_closed_pipe(func, *args: Any) -> int:
+    """Run a command; when stdout's reader has gone (``| head``), end with 141 and no traceback.
+
+    Python's own recipe: flush inside the guard, and point stdout at /dev/null so that the
+    interpreter's final flush has nowhere to fail."""
+    try:
+        status = func(*args)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        _to_devnull(sys.stdout)
+        try:                            # `2>&1 | head`: stderr may be the same closed pipe
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            _to_devnull(sys.stderr)
+        return EXIT_PIPE
+
+
+def _to_devnull(stream: Any) -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # pragma: no cover - a stream without a descriptor
+        pass
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+class ProgressBar:
+    """A plain-text progress bar on stderr, redrawn at most every 0.2 s; nothing for quick runs
+    unless forced. Counted in bytes (``done``/``total``), with the items (tensors, pairs, lines)
+    alongside; when there are no bytes to count (statistics-only dumps) the items fill the bar."""
+
+    def __init__(self, forced: bool, width: int = 30, verb: str = "scanning", items: str = "tensors") -> None:
+        self._clock = time.monotonic
+        self.forced, self.width, self.verb, self.items = forced, width, verb, items
+        self.start = self._clock()
+        self.last = 0.0
+        self.drawn = self.closed = False
+
+    def __call__(self, done: int, total: int, items_done: int | None = None,
+                 items_total: int | None = None) -> None:
+        if self.closed:
+            return
+        now = self._clock()
+        finished = done >= total if items_total is None else (done >= total and items_done == items_total)
+        if not finished and (now - self.last < 0.2 or (not self.forced and now - self.start < 0.5)):
+            return
+        if finished and not (self.forced or self.drawn):
+            return
+        self.last, self.drawn, self.closed = now, True, finished
+        if total > 0:
+            frac, text = done / total, f"{human_bytes(done)}/{human_bytes(total)}"
+        else:
+            frac, text = (items_done or 0) / max(items_total or 0, 1), ""
+        if items_done is not None:
+            count = f"{items_done}/{items_total}" if items_total is not None else f"{items_done}"
+            text = ", ".join(s for s in (text, f"{count} {self.items}") if s)
+        filled = min(self.width, int(self.width * frac))
+        sys.stderr.write(f"\r{self.verb} [{'#' * filled}{'.' * (self.width - filled)}] {text}"
+                         + ("\n" if finished else ""))
+        sys.stderr.flush()
+
+
+def progress_bar(flag: bool | None, **kw: Any) -> ProgressBar | None:
+    """``--progress`` forces the bar, ``--no-progress`` hides it, default: when stderr is a tty."""
+    show = flag or (flag is None and sys.stderr.isatty())
+    return ProgressBar(flag is True, **kw) if show else None
