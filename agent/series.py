@@ -37,9 +37,11 @@ DUP_WINDOW_S = 0.5
 # records read this long after an end-of-training marker mean training went on (the last lines of
 # other ranks and handlers come right after it)
 FINISHED_GRACE_S = 60.0
+RESTART_RECORDS = 3  # progress records in a row behind the last step that make a new attempt
 _PERSISTED = ("records", "first_step", "last_step", "last_update", "last", "scale_first", "scale_min",
               "scale_last", "scale_decreases", "scale_increases", "overflow_steps", "nonfinite",
-              "precision", "scaler", "finished", "finished_at", "attempt", "scale_max", "scaler_events", "producer")
+              "precision", "scaler", "finished", "finished_at", "attempt", "scale_max", "scaler_events", "producer",
+              "attempt_base", "restarting")
 
 # producers whose trainers have no loss scaler at all (torchtitan trains in bf16/fp32 through FSDP's
 # mixed precision)
@@ -72,6 +74,13 @@ class SeriesState:
     scale_max: float | None = None
     scaler_events: int = 0         # overflow events the scaler or trainer reported itself
     producer: str = ""             # the parser of the last training record
+    # (decreases, increases, scaler events) when the current attempt began: what the run is
+    # (dynamic_evidence) is judged on the current attempt alone
+    attempt_base: tuple[int, int, int] | list = (0, 0, 0)
+    gradnorm_explained: bool = False  # the last non-finite grad norm had a scaler event of its own
+    # the run printed its start-up statements (precision) or its end again: the next step that
+    # goes back, by however little, is a new attempt
+    restarting: bool = False
     # dedup and reconciliation context (persisted with ``to_dict(context=True)``, so that a copy of
     # an overflow message or a skip counter read just after a restart counts as without one)
     _last_transition: tuple[float | None, float | None, float | None] | None = None  # (from, to, log_time)
@@ -82,6 +91,11 @@ class SeriesState:
     _last_cumulative: float | None = None
     _progress_step: int | None = None
     _progress_producer: str = ""
+    _progress_epoch: int | None = None  # the epoch of producers whose steps count within it
+    _step_delta: int = 0               # the last advance of the progress step
+    _behind: int = 0                   # records in a row whose step fell behind (a restart?)
+    _behind_line: tuple[str, int] | None = None
+    _progress_since_scale: bool = False  # a progress record since the last scale value
     _pending_skip: bool = False        # a step-less skip message waits for its back-off message
     _overflows_since_scale: int = 0    # overflow events counted since the last scale value
     _window_overflows: int = 0         # overflow events counted since the last progress record
@@ -92,10 +106,11 @@ class SeriesState:
     @property
     def dynamic_evidence(self) -> bool:
         """The scale moved, or the scaler/trainer reported overflows: dynamic loss scaling is on."""
-        if self.scale_decreases or self.scale_increases or self.scaler == "dynamic":
+        dec, inc, events = self.attempt_base
+        if self.scale_decreases > dec or self.scale_increases > inc or self.scaler == "dynamic":
             return True
         # a bf16/fp32 trainer skips steps too (Megatron on a NaN gradient): no scaler in that
-        return bool(self.scaler_events) and self.precision not in ("bf16", "fp32")
+        return self.scaler_events > events and self.precision not in ("bf16", "fp32")
 
     @property
     def loss_scaling(self) -> str:
@@ -114,6 +129,8 @@ class SeriesState:
 
     def apply_hint(self, s: Sample) -> None:
         """A run-wide fact (precision, end of training) read on any line of the run's file."""
+        if self._progress_step is not None:
+            self.restarting = True
         if s.metric == PRECISION:
             mode, scaler = s.attr("mode"), s.attr("scaler")
             if mode in ("fp16", "bf16", "fp32"):
@@ -144,14 +161,18 @@ class SeriesState:
             progress = m != OVERFLOW and (not s.attrs or s.attr("frm") is None)
             ps = self._progress_step
             if progress and ps is not None and step < ps and s.producer == self._progress_producer:
-                self.new_attempt()
-                ps = None
+                ps = self._behind_step(s, step, ps)
             if self.last_step is None or step > self.last_step:
                 self.last_step = step
             if self.first_step is None or step < self.first_step:
                 self.first_step = step
             if progress and (ps is None or step > ps):
-                self._progress_step, self._progress_producer = step, s.producer
+                if ps is not None:
+                    self._step_delta = step - ps
+                self._progress_step, self._progress_producer, self._behind = step, s.producer, 0
+                self.restarting = False
+                if s.attrs:
+                    self._progress_epoch = s.attr("epoch", self._progress_epoch)
                 self._progress(s, out)
         if m == LOSS_SCALE:
             events: list[Sample] = []
@@ -190,12 +211,33 @@ class SeriesState:
         out.append(s)
         return out
 
+    def _behind_step(self, s: Sample, step: int, ps: int) -> int | None:
+        """A progress record whose step is below the last one. A new epoch of a per-epoch counter
+        is progress; a step far back (more than two advances) is a restart, and so is one that
+        stays behind for ``RESTART_RECORDS`` records in a row; a record just behind is another
+        rank or handler out of step. Returns the progress step in force after it."""
+        epoch = s.attr("epoch") if s.attrs else None
+        if epoch is not None and self._progress_epoch is not None and epoch > self._progress_epoch:
+            return None  # the next epoch: its steps start again
+        line = (s.source.path, s.source.line)
+        if line != self._behind_line:  # once per record, not per value
+            self._behind_line = line
+            self._behind += 1
+        if (self.restarting or ps - step >= 2 * max(self._step_delta, 1)
+                or self._behind >= RESTART_RECORDS):
+            self.new_attempt()
+            return None
+        return ps
+
     def new_attempt(self) -> None:
         """The steps went back: a restart from a checkpoint or another run in the same file. The
         scale trajectory and the copy filters start afresh (totals and counters are kept)."""
         self.attempt += 1
-        self.scale_last = None
+        self.restarting = False
+        self.attempt_base = (self.scale_decreases, self.scale_increases, self.scaler_events)
+        self.scale_last = self.scale_max = None
         self._progress_step = None
+        self._behind = 0
         self.finished = False
         self._last_transition = None
         self._last_overflow = None
@@ -218,6 +260,7 @@ class SeriesState:
         self._progress_since_overflow = True
         self._window_before, self._window_overflows = self._window_overflows, 0
         self._progress_line = line
+        self._progress_since_scale = True
         if self.finished and s.time - self.finished_at > FINISHED_GRACE_S:
             self.finished = False  # training went on well after an announced end (another fit)
 
@@ -235,6 +278,7 @@ class SeriesState:
     def _gradnorm_overflow(self, s: Sample, out: list[Sample]) -> None:
         """A non-finite grad norm beside a finite loss, where the run may scale its loss, is a
         skipped step; counted once per step, unless a message already counted it."""
+        self.gradnorm_explained = False
         loss = self.last.get(LOSS)
         if (self.loss_scaling == "no" or s.producer in APPLIED_GRAD_NORM_PRODUCERS
                 or (loss is not None and not math.isfinite(loss))):
@@ -243,11 +287,13 @@ class SeriesState:
             # the record's own progress opened a new window: the step it reports is the one
             # the window before it covers (where a scaler message would stand)
             if self._window_before > 0:
+                self.gradnorm_explained = True
                 return
             self._count(1)
             self._window_overflows -= 1
             self._window_before += 1
         elif self._window_overflows > 0:
+            self.gradnorm_explained = True
             return
         else:
             self._count(1)
@@ -277,9 +323,16 @@ class SeriesState:
             # proves a decrease happened (apex, fairseq, torch_npu print only the new value)
             self.scale_decreases += 1
             backoffs += 1
+        regrown = False
         if s.attr("decrease") and self._pending_skip:
             self._pending_skip = False  # the skip messages before this back-off were its copies
+            # a copy of the last back-off message comes without training in between
+            regrown = self._progress_since_scale and self.scale_last is not None and s.value >= self.scale_last
         backoffs += self._observe_scale(s.value)
+        if regrown and not backoffs:
+            # "reducing to X" after a skip, X no lower than the last value: the scale grew back
+            # unseen and backed off again; the skip was one overflow event all the same
+            backoffs = 1
         if backoffs:
             # a dynamic scaler backs off only after an overflow: each back-off the values prove is
             # an overflow event, unless a message or counter already counted it
@@ -288,6 +341,7 @@ class SeriesState:
                 self._count(extra)
                 out.append(self._event(s, extra, "backoff"))
         self._overflows_since_scale = 0
+        self._progress_since_scale = False
         self.last[LOSS_SCALE] = s.value
         return True
 
@@ -336,6 +390,10 @@ class SeriesState:
         for k in _PERSISTED:
             if k in data:
                 setattr(st, k, data[k])
+        base = st.attempt_base
+        if not (isinstance(base, (list, tuple)) and len(base) == 3 and all(type(x) is int for x in base)):
+            raise ValueError(f"series attempt_base: unexpected {base!r:.80}")
+        st.attempt_base = tuple(base)
         ctx = data.get("context")
         if ctx is not None:
             if not isinstance(ctx, dict):
@@ -363,6 +421,10 @@ _CONTEXT: dict[str, Any] = {  # field (without its underscore) -> type check of 
     "last_cumulative": _num,
     "progress_step": lambda v: v is None or type(v) is int,
     "progress_producer": lambda v: type(v) is str,
+    "progress_epoch": lambda v: v is None or type(v) is int,
+    "step_delta": lambda v: type(v) is int,
+    "behind": lambda v: type(v) is int,
+    "progress_since_scale": lambda v: type(v) is bool,
     "pending_skip": lambda v: type(v) is bool,
     "overflows_since_scale": lambda v: type(v) is int,
     "window_overflows": lambda v: type(v) is int,

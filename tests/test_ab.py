@@ -42,7 +42,7 @@ def test_a_loss_gap_beyond_noise_with_fusion_on_is_suspected():
     on, off = base(200, 3), base(200, 4)
     on = {s: v * 1.05 for s, v in on.items()}  # 5 % worse with fusion on
     r = judge(curve(on), curve(off), P)
-    assert r.verdict == "fusion_suspected" and r.steps_compared == 50
+    assert r.verdict == "fusion_suspected" and r.steps_compared == 100  # both halves of 2 x window
     assert r.evidence["check"] == "loss_gap" and r.evidence["relative_gap"] > 0.02
 
 
@@ -128,3 +128,45 @@ def test_bad_params_are_named(tmp_path, bad):
     with pytest.raises(ConfigError) as exc:
         load_rule_file(path)
     assert list(bad)[0] in str(exc.value)
+
+
+
+def test_identical_noisy_runs_judged_at_every_step_never_fire():
+    """Judged anew at each of 3000 common steps (overlapping windows), same curve, 5 % per-step noise."""
+    from precision_agent.detectors.ab import AbDetector
+    from precision_agent.series import SeriesState
+    for seed in range(3):
+        det = AbDetector(AbParams())
+        rnd = random.Random(seed)
+        st = SeriesState(())
+        hits = 0
+        for step in range(1, 3001):
+            level = 6.0 * math.exp(-step / 800) + 2.0
+            for side in ("on", "off"):
+                labels = (("fusion", side), ("job", "j"), ("run", f"llama-{side}"))
+                sig = det.observe(Sample(labels, LOSS, level * (1 + rnd.gauss(0, 0.05)), step,
+                                         SourcePos("x", step), 0.0, producer="megatron"), st)
+                hits += sig is not None and type(sig).__name__ == "Hit"
+        assert hits == 0, seed
+
+
+def test_runs_named_after_their_files_still_pair(tmp_path):
+    """The agent adds run=<file name>: llama_on.log and llama_off.log are still one pair."""
+    from precision_agent.detectors.ab import AbDetector
+    from precision_agent.series import SeriesState
+    det, st = AbDetector(AbParams()), SeriesState(())
+    out = []
+    for step in range(1, 31):
+        for side in ("on", "off"):
+            labels = (("fusion", side), ("job", "llama"), ("run", f"llama_{side}"))
+            v = math.nan if side == "on" and step == 25 else 3.0
+            out.append(det.observe(Sample(labels, LOSS, v, step, SourcePos("x", step), 0.0), st))
+    hits = [o for o in out if type(o).__name__ == "Hit"]
+    assert hits and dict(hits[0].labels) == {"job": "llama"}  # (a state: the pipeline pages its onset once)
+    assert hits[0].evidence["suspect_step"] == 25
+
+
+def test_long_windows_do_not_overflow():
+    p = AbParams(window=1000, min_steps=20)
+    on, off = base(2500, 1), base(2500, 2)
+    assert judge(curve(on), curve(off), p).verdict == "no_difference"

@@ -105,7 +105,6 @@ def test_constant_one_of_unknown_mode_pages_once_overflows_show_a_scaler(tmp_pat
     ("Selected optimization level O0:  Pure FP32 training.", "fp32"),
     ("  params_dtype .................................... torch.bfloat16", "bf16"),
     ("'compute_dtype': 'bfloat16', 'layernorm_compute_dtype': 'float32'", "bf16"),
-    ("precision_mode: allow_mix_precision", "fp16"),
     ("\"bf16\": {\"enabled\": true}", "bf16"),
 ])
 def test_precision_statements(tmp_path, line, mode):
@@ -115,7 +114,11 @@ def test_precision_statements(tmp_path, line, mode):
 
 @pytest.mark.parametrize("line", ["  fp16 ............................................ False",
                                   "fp16_full_eval=False,", "bf16_full_eval=True,",
-                                  "loss_scale             : None"])
+                                  "loss_scale             : None",
+                                  "  --fp16                Use fp16 mixed precision (default: False)",
+                                  "WARNING: fp16=True is not supported on this device, falling back",
+                                  "skipping --bf16 since the GPU lacks support",
+                                  "precision_mode: allow_fp32_to_fp16"])
 def test_no_precision_from_negatives_or_lookalikes(tmp_path, line):
     assert run(tmp_path, [line, megatron(10, "1.0")])["precision"] is None
 
@@ -225,9 +228,35 @@ def test_one_inf_grad_norm_in_an_fp16_hf_run_is_an_overflow_not_a_page(tmp_path)
 
 
 def test_persisting_inf_grad_norm_pages(tmp_path):
-    r = run(tmp_path, [hf(gnorm="0.5")] + [hf(gnorm="inf") for _ in range(4)])
-    assert ("TrainingNonFinite", 4) in pages(r)
-    assert ("TrainingNonFinite", 3) not in pages(r)
+    r = run(tmp_path, [hf(gnorm="0.5") for _ in range(20)] + [hf(gnorm="inf") for _ in range(4)])
+    assert ("TrainingNonFinite", 23) in pages(r)
+    assert ("TrainingNonFinite", 22) not in pages(r)
+
+
+def test_fp16_warm_up_overflows_at_the_start_are_no_page(tmp_path):
+    """GradScaler / DeepSpeed start high and overflow the first steps in a row (logging_steps=1)."""
+    lines = ["fp16=True,"] + [hf(gnorm="inf") for _ in range(6)] + [hf() for _ in range(30)]
+    assert pages(run(tmp_path, lines)) == []
+    lines = ["[2024-05-01 10:00:00,000] [INFO] [config.py:987:print]   fp16_enabled ................. True"]
+    v = 65536
+    for _ in range(6):
+        lines.append("[2024-01-01 10:00:00,000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! "
+                     f"Rank 0 Skipping step. Attempted loss scale: {v}, reducing to {v // 2}")
+        lines.append(hf(gnorm="inf"))
+        v //= 2
+    r = run(tmp_path, lines + [hf() for _ in range(20)])
+    assert pages(r) == [] and r["overflow_steps"] == 6
+
+
+def test_inf_grad_norms_the_scaler_explains_after_warm_up_are_no_page(tmp_path):
+    lines = [hf() for _ in range(30)]
+    v = 65536
+    for _ in range(5):  # later overflows, each announced by the scaler and backed off
+        lines.append("[2024-01-01 10:00:00,000] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! "
+                     f"Rank 0 Skipping step. Attempted loss scale: {v}, reducing to {v // 2}")
+        lines.append(hf(gnorm="inf"))
+        v //= 2
+    assert pages(run(tmp_path, lines)) == []
 
 
 def test_nan_loss_pages_at_once(tmp_path):
@@ -255,8 +284,10 @@ def test_end_of_training_markers(tmp_path, marker):
     assert run(tmp_path, [megatron(10, "1.0"), marker])["finished"] is True
 
 
-def test_no_end_without_a_marker(tmp_path):
-    assert run(tmp_path, [megatron(10, "1.0"), "saving checkpoint at iteration 10"])["finished"] is False
+@pytest.mark.parametrize("line", ["saving checkpoint at iteration 10", "Training completed 50%",
+                                  "Training completed for shard 3"])
+def test_no_end_without_a_marker(tmp_path, line):
+    assert run(tmp_path, [megatron(10, "1.0"), line])["finished"] is False
 
 
 def test_stalled_is_quiet_after_the_end_and_fires_without_it():
@@ -294,7 +325,7 @@ def test_run_names_are_bounded_and_path_free():
 
 
 def test_a_step_that_goes_back_is_a_new_attempt_not_an_increase(tmp_path):
-    first = [megatron(i, v) for i, v in ((10, "4.0"), (20, "2.0"), (30, "1.0"))]
+    first = [megatron(i, v) for i, v in ((10, "8.0"), (20, "4.0"), (30, "2.0"), (40, "1.0"))]
     second = [megatron(i, "65536.0") for i in (10, 20, 30)]
     r = run(tmp_path, first + second)
     assert r["attempts"] == 2
@@ -440,3 +471,44 @@ def test_a_new_attempt_clears_the_state_alerts_of_the_one_before(tmp_path):
     assert {f.rule for f in p.findings} >= {"LossScaleCollapse"}
     states = {a.rule: a.state for a in p.alerts.alerts.values()}
     assert states["LossScaleCollapse"] == AlertState.RESOLVED
+
+
+
+# --- review findings: attempts, evidence per attempt, silent regrowth ----------------------------------
+
+def test_per_epoch_step_counters_are_no_new_attempts(tmp_path):
+    lines = [f"epoch:{e}  step: {i} , loss:  0.{60 - e * 10 - i} ,  time: 98.2045  acc: 0.9375"
+             for e in range(1, 4) for i in range(5)]
+    r = run(tmp_path, lines)
+    assert r["attempts"] == 1
+
+
+def test_two_ranks_out_of_step_without_prefixes_are_no_new_attempts(tmp_path):
+    lines = []
+    for it in range(10, 200, 10):
+        lines += [megatron(it, "65536.0"), megatron(it - 10 if it > 10 else it, "65536.0")]
+    assert run(tmp_path, lines)["attempts"] == 1
+
+
+def test_a_restart_still_is_a_new_attempt(tmp_path):
+    lines = [megatron(i, "65536.0") for i in range(10, 310, 10)] + [megatron(i, "65536.0") for i in range(200, 260, 10)]
+    assert run(tmp_path, lines)["attempts"] == 2
+
+
+def test_an_fp16_attempt_does_not_make_the_bf16_attempt_after_it_dynamic(tmp_path):
+    fp16 = ["  fp16 ............................................ True",
+            "  bf16 ............................................ False",
+            megatron(10, "65536.0"), megatron(20, "32768.0"), megatron(30, "32768.0")]
+    bf16 = ["  bf16 ............................................ True",
+            "  fp16 ............................................ False"] + [megatron(i, "1.0") for i in (10, 20, 30)]
+    r = run(tmp_path, fp16 + bf16)
+    assert r["attempts"] == 2 and r["precision"] == "bf16"
+    assert pages(r) == []
+
+
+def test_torch_npu_backoff_after_a_silent_regrowth_is_an_overflow(tmp_path):
+    lines = []
+    for _ in range(5):
+        lines += ["Gradient overflow. Skipping step", "Gradient overflow. Skipping step",
+                  "Loss scaler reducing loss scale to 32768.0", "Loss scaler reducing loss scale to 32768.0", hf()]
+    assert run(tmp_path, lines)["overflow_steps"] == 5

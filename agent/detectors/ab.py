@@ -9,11 +9,13 @@ only in the label ``by`` (default ``fusion``): the ``suspect`` side (``on``) aga
 Verdicts (``judge``, shared with ``precision-agent fusion ab``):
 
 * ``fusion_suspected``: the suspect run is clearly worse: a NaN/Inf loss (or the trainer saying
-  so), or a loss-scale collapse, that the reference run did not have by the same step; or, over
-  the last ``window`` common steps, a loss gap beyond noise: the median of the per-step
-  differences is above ``min_gap`` of the reference loss *and* a sign test says the suspect side
-  is higher on more steps than chance allows (one-sided binomial, ``alpha``). One noisy step moves
-  neither the median nor the sign count, so it never decides.
+  so), or a loss-scale collapse, that the reference run did not have by the same step; or a loss
+  gap beyond noise in *both* halves of the last ``2 x window`` common steps: in each half the
+  median of the per-step differences is above ``min_gap`` of the reference loss and above three
+  standard errors of that median (from the differences' spread), *and* a sign test says the
+  suspect side is higher on more steps than chance allows (one-sided binomial, ``alpha``). One
+  noisy step moves neither the medians nor the sign counts, so it never decides; two independent
+  halves at ``alpha`` each keep a verdict judged at every new step from firing on noise.
 * ``fusion_off_worse``: the same, the other way round.
 * ``no_difference``: enough common steps and neither test holds (or both sides broke).
 * ``insufficient_data``: fewer than ``min_steps`` common steps with a finite loss on both sides.
@@ -35,8 +37,11 @@ from pydantic import Field
 from ..model import GRAD_NORM, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, Labels, Sample
 from ..series import SeriesState
 from .base import Clear, Detector, Hit, Params, PerSeries
+from .loss_scale import COLLAPSE_LEVELS, DEFAULT_COLLAPSE
 
-COLLAPSE_SCALE = 8.0  # a dynamic loss scale this low after backing off has collapsed (loss_scale.py)
+# labels a pair's two runs may differ in besides ``by``: the agent names each followed file's run
+PAIR_FREE = ("run",)
+
 Verdict = Literal["fusion_suspected", "no_difference", "fusion_off_worse", "insufficient_data"]
 
 
@@ -44,10 +49,10 @@ class AbParams(Params):
     by: str = "fusion"               # the label whose values tell the two runs apart
     suspect: str = "on"              # the side suspected (fusion on)
     reference: str = "off"           # the side it is held against (fusion off)
-    window: int = Field(50, ge=3)    # the last common steps whose losses are compared
+    window: int = Field(50, ge=3, le=1000)  # each of the two halves of common steps compared
     min_steps: int = Field(20, ge=3)  # common steps needed before any verdict on the loss gap
     min_gap: float = Field(0.02, ge=0)   # relative median loss gap that counts (2 %)
-    alpha: float = Field(0.01, gt=0, lt=0.5)  # sign-test significance
+    alpha: float = Field(0.001, gt=0, lt=0.5)  # sign-test significance, in each half
     max_points: int = Field(4096, ge=16)  # losses kept per side (the latest)
 
 
@@ -73,7 +78,17 @@ def _tail_p(n: int, k: int) -> float:
     """P(X >= k) for X ~ Binomial(n, 1/2): how likely k or more of n signs are positive by chance."""
     if k <= 0:
         return 1.0
-    return sum(math.comb(n, i) for i in range(k, n + 1)) / 2.0 ** n
+    return sum(math.comb(n, i) for i in range(k, n + 1)) / (1 << n)  # exact: no float overflow
+
+
+def _half(diffs: list[float], level: float) -> dict[str, Any]:
+    med = statistics.median(diffs)
+    mad = statistics.median(abs(d - med) for d in diffs)
+    se = 1.4826 * mad * 1.2533 / math.sqrt(len(diffs))  # the median's standard error, robustly
+    pos = sum(d > 0 for d in diffs)
+    neg = sum(d < 0 for d in diffs)
+    return {"median": med, "relative": med / level, "se": se, "pos": pos, "neg": neg,
+            "p_worse": _tail_p(pos + neg, pos), "p_better": _tail_p(pos + neg, neg)}
 
 
 def _broke_first(a: Curve, b: Curve) -> bool:
@@ -83,32 +98,40 @@ def _broke_first(a: Curve, b: Curve) -> bool:
     return b.bad is None or b.bad[0] > a.bad[0]
 
 
-def judge(suspect: Curve, reference: Curve, p: AbParams) -> AbResult:
+def judge(suspect: Curve, reference: Curve, p: AbParams, common: list[int] | None = None) -> AbResult:
+    """The verdict; ``common`` (the steps both sides have, in order) when the caller keeps it."""
     if _broke_first(suspect, reference):
         return AbResult("fusion_suspected", 0, {"check": suspect.bad[1], "suspect_step": suspect.bad[0],
                                                 "reference_reached": reference.top})
     if _broke_first(reference, suspect):
         return AbResult("fusion_off_worse", 0, {"check": reference.bad[1], "reference_step": reference.bad[0],
                                                 "suspect_reached": suspect.top})
-    common = sorted(set(suspect.loss) & set(reference.loss))
+    if common is None:
+        common = sorted(set(suspect.loss) & set(reference.loss))
+    else:
+        common = [c for c in common if c in suspect.loss and c in reference.loss]
+    return judge_gap(common, suspect, reference, p)
+
+
+def judge_gap(common: list[int], suspect: Curve, reference: Curve, p: AbParams) -> AbResult:
+    """The loss-gap test over the common steps (in order)."""
     if len(common) < p.min_steps:
         return AbResult("insufficient_data", len(common), {"min_steps": p.min_steps})
-    steps = common[-p.window:]
-    diffs = [suspect.loss[s] - reference.loss[s] for s in steps]
-    med = statistics.median(diffs)
+    steps = common[-2 * p.window:]
+    mid = len(steps) // 2
     level = statistics.median(abs(reference.loss[s]) for s in steps) or 1.0
-    rel = med / level
-    pos = sum(d > 0 for d in diffs)
-    neg = sum(d < 0 for d in diffs)
-    n = pos + neg
-    p_worse, p_better = _tail_p(n, pos), _tail_p(n, neg)
-    evidence = {"check": "loss_gap", "from_step": steps[0], "to_step": steps[-1], "median_gap": med,
-                "relative_gap": round(rel, 6), "suspect_higher": pos, "reference_higher": neg,
-                "p_suspect_worse": round(p_worse, 8), "p_reference_worse": round(p_better, 8),
+    halves = [_half([suspect.loss[s] - reference.loss[s] for s in part], level)
+              for part in (steps[:mid], steps[mid:])]
+    evidence = {"check": "loss_gap", "from_step": steps[0], "to_step": steps[-1],
+                "median_gap": halves[1]["median"], "relative_gap": round(halves[1]["relative"], 6),
+                "relative_gaps": [round(h["relative"], 6) for h in halves],
+                "suspect_higher": sum(h["pos"] for h in halves), "reference_higher": sum(h["neg"] for h in halves),
+                "p_suspect_worse": [round(h["p_worse"], 8) for h in halves],
+                "p_reference_worse": [round(h["p_better"], 8) for h in halves],
                 "min_gap": p.min_gap, "alpha": p.alpha}
-    if rel > p.min_gap and p_worse < p.alpha:
+    if all(h["relative"] > p.min_gap and h["median"] > 3 * h["se"] and h["p_worse"] < p.alpha for h in halves):
         return AbResult("fusion_suspected", len(steps), evidence)
-    if rel < -p.min_gap and p_better < p.alpha:
+    if all(h["relative"] < -p.min_gap and -h["median"] > 3 * h["se"] and h["p_better"] < p.alpha for h in halves):
         return AbResult("fusion_off_worse", len(steps), evidence)
     return AbResult("no_difference", len(steps), evidence)
 
@@ -125,12 +148,13 @@ class _Pair:
     top_r: int = -1
     n_s: int = 0                                # loss reports so far (the step of step-less logs)
     n_r: int = 0
+    common: list = field(default_factory=list)  # steps with a loss on both sides, in arrival order
     active: bool = False
 
 
-def take(sample: Sample, series: SeriesState, side: dict[str, Any], max_points: int) -> bool:
-    """Add one sample to a side (``loss``, ``bad``, ``top``, ``n`` as in ``_Pair``); returns whether
-    the curve changed in a way that may change the verdict."""
+def take(sample: Sample, series: SeriesState, side: dict[str, Any], max_points: int) -> int | bool:
+    """Add one sample to a side (``loss``, ``bad``, ``top``, ``n`` as in ``_Pair``); returns the step
+    of a loss it added, True for a break, False when nothing the verdict depends on changed."""
     m = sample.metric
     if m == LOSS:
         side["n"] += 1
@@ -146,7 +170,8 @@ def take(sample: Sample, series: SeriesState, side: dict[str, Any], max_points: 
         what = "nonfinite_loss"
     elif m == GRAD_NORM and not math.isfinite(sample.value) and series.loss_scaling == "no":
         what = "nonfinite_grad_norm"
-    elif m == LOSS_SCALE and sample.value <= COLLAPSE_SCALE and series.scale_decreases:
+    elif m == LOSS_SCALE and series.scale_decreases and sample.value <= COLLAPSE_LEVELS.get(
+            sample.producer, DEFAULT_COLLAPSE):
         what = "loss_scale_collapse"
     if what is not None:
         if not side["bad"]:
@@ -155,10 +180,11 @@ def take(sample: Sample, series: SeriesState, side: dict[str, Any], max_points: 
         return False
     if m == LOSS:
         loss = side["loss"]
+        new = step not in loss
         loss[step] = sample.value
         while len(loss) > max_points:
             del loss[next(iter(loss))]
-        return True
+        return step if new else False
     return False
 
 
@@ -183,20 +209,32 @@ class AbDetector(Detector[AbParams]):
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
         p = self.params
-        labels = dict(sample.labels)
-        which = labels.pop(p.by, None)
+        which = None
+        for k, v in sample.labels:
+            if k == p.by:
+                which = v
         if which not in (p.suspect, p.reference):
             return None
-        group: Labels = tuple(sorted(labels.items()))
+        group: Labels = tuple(kv for kv in sample.labels if kv[0] != p.by and kv[0] not in PAIR_FREE)
         pair = self._pairs.get(group)
         tag = "s" if which == p.suspect else "r"
         side = self._side(pair, tag)
         changed = take(sample, series, side, p.max_points)
         setattr(pair, "top_" + tag, side["top"])
         setattr(pair, "n_" + tag, side["n"])
-        if not changed:
+        if changed is False:
             return None
-        result = judge(curve(self._side(pair, "s")), curve(self._side(pair, "r")), p)
+        s_curve, r_curve = curve(self._side(pair, "s")), curve(self._side(pair, "r"))
+        if changed is True:  # a break
+            result = judge(s_curve, r_curve, p)
+        else:
+            other = r_curve if tag == "s" else s_curve
+            if changed not in other.loss:
+                return None  # not a common step yet: nothing to compare anew
+            pair.common.append(changed)
+            if len(pair.common) > 4 * p.window:
+                del pair.common[:len(pair.common) - 2 * p.window]
+            result = judge(s_curve, r_curve, p, pair.common)
         if result.verdict != "fusion_suspected":
             if pair.active:
                 pair.active = False

@@ -4,7 +4,9 @@ A non-finite loss (or a trainer's message) hits at once. A non-finite gradient n
 finite loss is what a loss scaler's skipped step looks like (fp16 with GradScaler, apex,
 DeepSpeed): in a run that scales its loss, or may (``SeriesState.loss_scaling`` not "no"), the
 series counts it as an overflow event (it feeds the overflow rules) and it hits only once
-``grad_norm_persist`` gradient-norm reports in a row were non-finite. In a run without loss
+``grad_norm_persist`` gradient-norm reports in a row were non-finite, after the first
+``grad_norm_warmup`` reports (the scale's fall from its initial value overflows a few steps in a
+row) and not counting reports the scaler explained with a back-off of its own. In a run without loss
 scaling (bf16/fp32, or a scale that is no dynamic one) it hits at once, and so it does where the
 producer prints the grad norm of applied steps only (Megatron leaves the field out when every
 step of the interval was skipped: a printed NaN went into the weights).
@@ -25,6 +27,9 @@ class NonfiniteParams(Params):
     metrics: list[str] = [LOSS, GRAD_NORM, EVAL_LOSS, LOSS_SCALE, NONFINITE_MESSAGE]
     # non-finite grad-norm reports in a row that hit in a run that (may) scale its loss; 1: at once
     grad_norm_persist: int = Field(3, ge=1)
+    # a loss-scaled run's first reports overflow while the scale falls from its initial value
+    # (GradScaler 2^16, DeepSpeed up to 2^32): non-finite grad norms among them are warm-up
+    grad_norm_warmup: int = Field(16, ge=0)
 
     @field_validator("metrics")
     @classmethod
@@ -55,16 +60,22 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
                        sample.step if sample.step is not None else series.last_step, sample.source,
                        {"metric": what, "value": sample.value})
         if sample.metric == GRAD_NORM:
+            t = self._streaks.peek(sample.labels) or self._streaks.get(sample.labels)
+            if t.reports < self.params.grad_norm_warmup:
+                t.reports += 1
             if math.isfinite(sample.value):
-                t = self._streaks.peek(sample.labels)
-                if t is not None and t.n:
+                if t.n:
                     t.n = 0
                 return None
-            t = self._streaks.get(sample.labels)
-            t.n += 1
             scaling = series.loss_scaling
-            if (scaling != "no" and sample.producer not in APPLIED_GRAD_NORM_PRODUCERS
-                    and t.n < self.params.grad_norm_persist):
+            scaled = scaling != "no" and sample.producer not in APPLIED_GRAD_NORM_PRODUCERS
+            if scaled:
+                if t.reports < self.params.grad_norm_warmup:
+                    return None  # warm-up: the scale is still coming down from its initial value
+                if series.gradnorm_explained and (series.scale_last is None or series.scale_last > 1.0):
+                    return None  # the scaler said so and backed off: a skipped step, not a persisting fault
+            t.n += 1
+            if scaled and t.n < self.params.grad_norm_persist:
                 return None  # a skipped step of the scaler: an overflow event (agent/series.py)
             return Hit(sample.labels + (("metric", GRAD_NORM),), f"grad_norm is {sample.value}", sample.value,
                        sample.step if sample.step is not None else series.last_step, sample.source,
@@ -78,7 +89,8 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
 
 
 class _Streak:
-    __slots__ = ("n",)
+    __slots__ = ("n", "reports")
 
     def __init__(self) -> None:
-        self.n = 0  # non-finite grad-norm reports in a row
+        self.n = 0        # non-finite grad-norm reports in a row (after warm-up)
+        self.reports = 0  # grad-norm reports of the series so far, counted up to the warm-up's end

@@ -21,7 +21,10 @@ import re
 RUN_FROM = ("file", "parent_dir", "label")
 MAX_RUN_LEN = 64
 
-_ROTATION_RE = re.compile(r"(?:\.\d{1,4}|[-_.]\d{8}(?:[-_T]?\d{4,6})?|\.(?:old|bak|prev))$")
+# logrotate (.1, -20250101), Python's RotatingFileHandler (.1) and TimedRotatingFileHandler
+# (.2025-01-01, .2025-01-01_13-00), backups
+_ROTATION_RE = re.compile(r"(?:\.\d{1,4}|[-_.]\d{8}(?:[-_T]?\d{4,6})?|\.\d{4}-\d\d-\d\d(?:_\d\d(?:-\d\d){0,2})?"
+                          r"|\.(?:old|bak|prev))$")
 _EXT_RE = re.compile(r"\.(?:log|txt|out|err|jsonl|json|stdout|stderr)$", re.IGNORECASE)
 _RANK_RE = re.compile(r"(?:^|[-_.])rank[-_]?(\d{1,6})(?=$|[-_.])", re.IGNORECASE)
 _UNSAFE_RE = re.compile(r"[^A-Za-z0-9_.:-]+")

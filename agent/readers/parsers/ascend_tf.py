@@ -30,7 +30,7 @@ _RE = re.compile(
     rf"|PrecisionTool: Train steps (?P<ptstep>\d+), loss_scale=(?P<ptscale>{FLOAT})"
     r"(?: / not_overflow_status=\[?\s*(?P<ptok>True|False))?"
     rf"|Current Loss Scale\s*>>>\s*\[?\s*(?P<cur>{FLOAT})"
-    rf"|\bepoch[ \t]*:[ \t]*\d+[ \t]*,?[ \t]*step[ \t]*:[ \t]*(?P<tstep>\d+)[ \t]*,[ \t]*loss[ \t]*:[ \t]*"
+    rf"|\bepoch[ \t]*:[ \t]*(?P<tepoch>\d+)[ \t]*,?[ \t]*step[ \t]*:[ \t]*(?P<tstep>\d+)[ \t]*,[ \t]*loss[ \t]*:[ \t]*"
     rf"(?P<tloss>{FLOAT})(?![\w.]))")
 
 
@@ -60,9 +60,9 @@ class AscendTFParser(Parser):
                     rec.add(OVERFLOW, 1.0, variant="flag")
                 scale = g["ptscale"]
             elif g["tloss"] is not None:
-                rec.step = int(g["tstep"])
+                rec.step = int(g["tstep"])  # within the epoch: the epoch rides along (series.py)
                 if (v := to_float(g["tloss"])) is not None:
-                    rec.add(LOSS, v)
+                    rec.add(LOSS, v, epoch=int(g["tepoch"]))
                 scale = None
             else:
                 scale = g["lsis"] if g["lsis"] is not None else g["cur"]

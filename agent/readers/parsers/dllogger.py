@@ -18,6 +18,7 @@ from .base import FLOAT, Block, Parser, Record, to_float
 
 _RE = re.compile(r"\bDLL \d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)? - (?P<rest>[^\n]*)")
 _STEP_RE = re.compile(r"Iteration:\s*(\d+)")
+_EPOCH_RE = re.compile(r"Epoch:\s*(\d+)")
 _PAIR_RE = re.compile(rf"(?<![\w.])(?P<key>[A-Za-z_][\w.]*) : (?P<val>{FLOAT})(?=\s|$)")
 _METRICS = ((("step_loss", "loss"), LOSS), (("eval_loss", "val_loss", "validation_loss"), EVAL_LOSS),
             (("grad_norm",), GRAD_NORM), (("learning_rate", "lr"), LEARNING_RATE), (("loss_scale",), LOSS_SCALE))
@@ -40,10 +41,12 @@ class DLLoggerParser(Parser):
             pos = m.start()
             st = _STEP_RE.search(rest)
             rec = self.record(block, pos, int(st.group(1)) if st else None)
+            ep = _EPOCH_RE.search(rest) if st else None  # iterations may count within the epoch
+            attrs = {"epoch": int(ep.group(1))} if ep else {}
             for keys, metric in _METRICS:
                 raw = next((pairs[k] for k in keys if k in pairs), None)
                 if raw is not None and (v := to_float(raw)) is not None:
-                    rec.add(metric, v)
+                    rec.add(metric, v, **attrs)
             if rec.values:
                 out.append(rec)
         return out

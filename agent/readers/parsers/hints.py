@@ -15,8 +15,13 @@ dynamic | static); a statement that a mode is off (``fp16 ... False``) says noth
 * Lightning ``Using 16bit Automatic Mixed Precision (AMP)`` / ``Using bfloat16 Automatic ...``;
 * apex ``Selected optimization level O1`` (O0: fp32), ``loss_scale : dynamic``;
 * MindSpore/MindFormers ``compute_dtype: float16`` and the loss-scale cells/managers
-  (``DynamicLossScaleUpdateCell``, ``FixedLossScaleManager``, ...);
-* Ascend ``precision_mode`` (``allow_mix_precision``, ``force_fp16``, ``..._bf16``, ``must_keep_origin_dtype``).
+  (``DynamicLossScaleUpdateCell``, ``FixedLossScaleManager``, ...).
+
+Ascend's ``precision_mode`` (``allow_fp32_to_fp16``, ``allow_mix_precision``) says how operators
+are cast, not whether the loss is scaled: it is not read. Statements are matched where they stand
+as such: ``fp16=True`` followed by ``,`` or ``)`` or the line's end (not inside a warning's prose),
+``--bf16`` on a launch command line (``python``, ``torchrun``, ``deepspeed``, ``*.py``), not in help
+text, and ``Training completed`` followed by ``.``, ``!`` or the line's end.
 
 End of training: Megatron ``[after training is done]`` and ``exiting program at iteration N``,
 HF ``Training completed.``, torchtitan ``Training completed``, Lightning `` `Trainer.fit` stopped``,
@@ -36,35 +41,25 @@ _RE = re.compile(
     rf"(?<![\w-])(?P<dump>fp16|bf16){_DOTS}True\b"
     rf"|\bparams_dtype{_DOTS}torch\.(?P<pdtype>float16|bfloat16|float32)\b"
     rf"|\b(?P<ds>fp16|bfloat16|bf16)_enabled{_DOTS}True\b"
-    r"|(?<![\w.])(?P<kw>fp16|bf16)=True\b"
+    r"|(?<![\w.])(?P<kw>fp16|bf16)=True(?=[,)]|\s*$)"
     r"|['\"](?P<dict>fp16|bf16)['\"]\s*:\s*(?:True|true)\b"
     r"|\"(?P<json>fp16|bf16)\"\s*:\s*\{\s*\"enabled\"\s*:\s*(?:true|True)\b"
-    r"|(?:^|\s)--(?P<flag>fp16|bf16)(?=\s|$)"
+    r"|(?:python3?|torchrun|deepspeed|accelerate launch|\.py|\.sh)\b[^\n]*?\s--(?P<flag>fp16|bf16)(?=\s|$)"
     r"|\b[Mm]ixed[_ ]precision(?: type)?\s*[:= ]\s*['\"]?(?P<accel>fp16|bf16|no)\b"
     r"|\bUsing (?P<pl>16bit|bfloat16)\b[^\n]{0,20}Automatic Mixed Precision"
     r"|\bSelected optimization level O(?P<apex>[0-3])\b"
     r"|\bloss_scale\s*:\s*(?P<apexdyn>dynamic)\b"
     r"|\bcompute_dtype['\"]?\s*[:=]\s*['\"]?(?:mstype\.|mindspore\.)?(?P<ms>float16|bfloat16|float32)\b"
     r"|\b(?P<mscell>Dynamic|Fixed)LossScale(?:UpdateCell|Manager)\b"
-    r"|\bprecision_mode['\"]?\s*[:=]\s*['\"]?(?P<npu>[a-z0-9_]+)"
     # end of training
     r"|(?P<end>\[after training is done\]|\bexiting program at iteration \d+"
-    r"|\bTraining completed\b|`Trainer\.fit` stopped|\bdone training in [\d.]+ seconds"
+    r"|\bTraining completed(?=[.!]|\s*$)|`Trainer\.fit` stopped|\bdone training in [\d.]+ seconds"
     r"|\bProcess \d+ exits successfully|\bTotal training time:"
     r"|\"key\": \"run_stop\"[^\n]*\"status\": \"success\")")
 
 _MODES = {"fp16": "fp16", "bf16": "bf16", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
           "16bit": "fp16", "no": "fp32"}
-_NPU_FP32 = ("must_keep_origin_dtype", "force_fp32")
 _PREC_GROUPS = ("dump", "pdtype", "ds", "kw", "dict", "json", "flag", "accel", "pl", "ms")
-
-
-def _npu_mode(value: str) -> str | None:
-    if not value.startswith(("allow_", "force_", "must_", "cube_")):
-        return None
-    if "bf16" in value:
-        return "bf16"
-    return "fp32" if value in _NPU_FP32 else "fp16"
 
 
 class HintsParser(Parser):
@@ -117,8 +112,6 @@ class HintsParser(Parser):
                 mode, scaler = "fp16", "dynamic"
             elif g["mscell"] is not None:
                 scaler = "dynamic" if g["mscell"] == "Dynamic" else "static"
-            elif g["npu"] is not None:
-                mode = _npu_mode(g["npu"])
         if mode is None and scaler is None:
             return None
         attrs = {"source": m.group()[:60].strip()}
