@@ -104,10 +104,10 @@ def test_firing_then_resolved_in_alertmanager(am: tuple[str, WebhookSink]) -> No
     url, sink = am
     job, pusher = Job("r-fire"), _pusher(url, resend_interval="1m", external_labels={"cluster": "c1"})
     try:
-        job.scale(65536.0)
+        job.scale(2.0)
         pusher.sync(job.alerts(), time.time())
         assert pusher.stats()["sent"] == 0   # nothing firing yet: nothing to say
-        sent_at = job.scale(1.0)            # the collapse: LossScaleAtFloor fires
+        sent_at = job.scale(1.0)            # a back-off to the floor: LossScaleAtFloor fires
         pusher.sync(job.alerts(), sent_at)
         got = wait_for(lambda: _am_alerts(url, "r-fire"), 15, what="the alert in Alertmanager")
         assert len(got) == 1
@@ -366,7 +366,7 @@ def test_daemon_pushes_to_alertmanager(am: tuple[str, WebhookSink], tmp_path: Pa
         "--state", str(tmp_path / "state"), "--config", str(cfg)], tmp_path)
     try:
         with open(tmp_path / "logs" / "train.log", "w", encoding="utf-8") as f:
-            for it, scale in enumerate((65536.0, 1.0), start=1):
+            for it, scale in enumerate((2.0, 1.0), start=1):  # one back-off, to the floor
                 f.write(megatron_line(it, 10, scale) + "\n")
         [a] = wait_for(lambda: _am_alerts(url, "r-daemon"), 20, what="the daemon's alert in Alertmanager")
         assert a["labels"] == {"alertname": "LossScaleAtFloor", "run": "r-daemon", "severity": "page",
