@@ -19,7 +19,7 @@ groups:
         annotations: {summary: "scale {{ $value }}"}
       - alert: NaN
         kind: nonfinite
-        params: {grad_norm_persist: 1}   # every non-finite grad norm hits (none is a skipped step)
+        params: {grad_norm_persist: 1, grad_norm_warmup: 0}   # every non-finite grad norm hits (none is a skipped step)
         resolve_after: 60s
         labels: {severity: ticket}
 """

@@ -44,7 +44,7 @@ groups:
       - alert: NaNSeen
         kind: nonfinite
         match: {labels: {run: "gpt-.*"}}
-        params: {grad_norm_persist: 1}
+        params: {grad_norm_persist: 1, grad_norm_warmup: 0}
         resolve_after: 2m
         labels: {severity: ticket}
 """
