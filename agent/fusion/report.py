@@ -184,9 +184,10 @@ def _documents(file: str, text: str) -> list[object]:
         try:
             doc, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            tail = exc.pos >= len(text.rstrip())
-            what = "truncated (the JSON ends early)" if tail else f"not JSON: {exc.msg}"
-            raise FusionReportError(file, f"{what} at line {exc.lineno} column {exc.colno}") from None
+            if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
+                raise FusionReportError(file, f"truncated: the JSON ends early ({exc.msg} "
+                                              f"at line {exc.lineno} column {exc.colno})") from None
+            raise FusionReportError(file, f"not JSON: {exc.msg} (line {exc.lineno} column {exc.colno})") from None
         except RecursionError:
             raise FusionReportError(file, "JSON nested too deeply") from None
         docs.append(doc)
