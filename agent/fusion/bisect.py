@@ -110,12 +110,13 @@ class BisectSession:
         r = self.pending
         assert r is not None
         r.result = result
+        off = set(r.off)
         if result == "good":
-            self.remaining = tuple(p for p in self.remaining if p in r.off)
+            self.remaining = tuple(p for p in self.remaining if p in off)
             if len(r.off) < len(self.smallest_set):
                 self.smallest_set = r.off
         else:
-            self.remaining = tuple(p for p in self.remaining if p not in r.off)
+            self.remaining = tuple(p for p in self.remaining if p not in off)
         self._next()
 
     # --- what the next run uses -------------------------------------------------------------------
