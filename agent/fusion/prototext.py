@@ -54,12 +54,16 @@ class Enum(str):
 
 
 _TOKEN = re.compile(r"""
-  (?P<ws>(?:[ \t\r\n\f\v]+|\#[^\n]*)+)
-| (?P<str>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
-| (?P<num>[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[fF]?(?![A-Za-z_]))
-| (?P<id>-?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
-| (?P<p>[{}<>:\[\],;])
-""", re.X)
+  (?:[ \t\r\n\f\v]+|\#[^\n]*)*             # whitespace and comments, skipped with the token
+  (?:
+    (?P<str>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
+  | (?P<num>[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[fF]?(?![A-Za-z_]))
+  | (?P<id>-?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
+  | (?P<p>[{}<>:\[\],;])
+  | (?P<bad>.)
+  | \Z
+  )
+""", re.X | re.S)
 _SIMPLE_ESCAPES = {"n": 10, "t": 9, "r": 13, "a": 7, "b": 8, "f": 12, "v": 11,
                    "\\": 92, "'": 39, '"': 34, "?": 63}
 _ESCAPE = re.compile(r"\\(?:([0-7]{1,3})|x([0-9a-fA-F]{1,2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|(.))", re.S)
@@ -92,6 +96,8 @@ def unescape(body: str) -> str:
 
 def _scalar(kind: str, text: str) -> Scalar:
     if kind == "num":
+        if text.isdigit():
+            return int(text)
         t = text.rstrip("fF") if not text.lower().startswith(("0x", "-0x", "+0x")) else text
         if re.fullmatch(r"[-+]?(0[xX][0-9a-fA-F]+)", t):
             return int(t, 16)
@@ -107,102 +113,96 @@ def _scalar(kind: str, text: str) -> Scalar:
     return Enum(text)
 
 
+_FIELD, _AFTER_NAME, _VALUE, _LIST_VALUE, _LIST_SEP = range(5)
+
+
 def parse(text: str, max_depth: int = MAX_DEPTH,
           on_close: Callable[[list[str], Message], bool] | None = None) -> Message:
     """Parse a whole text-format message. ``on_close(path, msg)`` sees each sub-message when it
     closes (``path``: the field names from the top, the message's own last); returning True drops
-    it from its parent."""
-    root = Message()
+    it from its parent. One pass over the tokens with a small state machine (no recursion)."""
+    root = current = Message()
     stack: list[tuple[Message, str, str]] = []  # (parent, field name, closing bracket)
     names: list[str] = []
-    current = root
-    pos, end = 0, len(text)
-    match = _TOKEN.match
+    state, name, concat = _FIELD, "", False     # concat: the last token was a string value
 
-    def line() -> int:
-        return text.count("\n", 0, pos) + 1
+    def fail(m: re.Match[str] | None, reason: str) -> ProtoTextError:
+        at = m.start(m.lastgroup or 0) if m is not None else len(text)
+        return ProtoTextError(text.count("\n", 0, at) + 1, reason)
 
-    def token() -> tuple[str, str]:
-        nonlocal pos
-        while True:
-            if pos >= end:
-                return "eof", ""
-            m = match(text, pos)
-            if m is None:
-                raise ProtoTextError(line(), f"unexpected character {text[pos]!r}")
-            pos = m.end()
-            if m.lastgroup != "ws":
-                return m.lastgroup or "", m.group()
+    def string(m: re.Match[str]) -> str:
+        try:
+            return unescape(m.group("str")[1:-1])
+        except ValueError as exc:
+            raise fail(m, str(exc)) from None
 
-    def value(kind: str, tok: str) -> Scalar:
+    for m in _TOKEN.finditer(text):
+        kind = m.lastgroup
+        if kind is None:  # the end of the text
+            continue
+        tok = m.group(kind)
         if kind == "str":
-            parts = [tok]
-            while True:  # adjacent quoted strings concatenate
-                save = pos_get()
-                k2, t2 = token()
-                if k2 != "str":
-                    pos_set(save)
-                    break
-                parts.append(t2)
-            try:
-                return "".join(unescape(p[1:-1]) for p in parts)
-            except ValueError as exc:
-                raise ProtoTextError(line(), str(exc)) from None
-        if kind in ("num", "id"):
-            return _scalar(kind, tok)
-        raise ProtoTextError(line(), f"expected a value, got {tok or 'end of file'!r}")
-
-    def pos_get() -> int:
-        return pos
-
-    def pos_set(p: int) -> None:
-        nonlocal pos
-        pos = p
-
-    while True:
-        kind, tok = token()
-        if kind == "eof":
-            if stack:
-                raise ProtoTextError(line(), f"truncated: {len(stack)} block(s) not closed "
-                                             f"(innermost {names[-1]!r})")
-            return root
-        if kind == "p" and tok in ",;":
-            continue
-        if kind == "p" and tok in "}>":
-            if not stack or stack[-1][2] != tok:
-                raise ProtoTextError(line(), f"unexpected {tok!r}")
-            parent, name, _ = stack.pop()
-            drop = on_close(names, current) if on_close else False
-            if not drop:
-                parent.fields.append((name, current))
-            names.pop()
-            current = parent
-            continue
-        if kind != "id" or tok.startswith("-"):
-            raise ProtoTextError(line(), f"expected a field name, got {tok!r}")
-        name = tok
-        kind, tok = token()
-        colon = kind == "p" and tok == ":"
-        if colon:
-            kind, tok = token()
-        if kind == "p" and tok in "{<":
+            if state in (_VALUE, _LIST_VALUE):
+                current.fields.append((name, string(m)))
+                state, concat = (_FIELD if state == _VALUE else _LIST_SEP), True
+                continue
+            if concat:  # adjacent quoted strings concatenate
+                key, prev = current.fields[-1]
+                current.fields[-1] = (key, f"{prev}{string(m)}")
+                continue
+        concat = False
+        if kind == "bad":
+            raise fail(m, f"unexpected character {tok!r}")
+        if state == _FIELD:
+            if kind == "id" and not tok.startswith("-"):
+                name, state = tok, _AFTER_NAME
+            elif kind == "p" and tok in ",;":
+                pass
+            elif kind == "p" and tok in "}>":
+                if not stack or stack[-1][2] != tok:
+                    raise fail(m, f"unexpected {tok!r}")
+                parent, field_name, _ = stack.pop()
+                if not (on_close and on_close(names, current)):
+                    parent.fields.append((field_name, current))
+                names.pop()
+                current = parent
+            else:
+                raise fail(m, f"expected a field name, got {tok!r}")
+        elif state in (_AFTER_NAME, _VALUE) and kind == "p" and tok in "{<":
             if len(stack) >= max_depth:
-                raise ProtoTextError(line(), f"nested deeper than {max_depth} blocks")
+                raise fail(m, f"nested deeper than {max_depth} blocks")
             stack.append((current, name, "}" if tok == "{" else ">"))
             names.append(name)
-            current = Message()
-            continue
-        if not colon:
-            raise ProtoTextError(line(), f"expected ':' or '{{' after {name!r}, got {tok or 'end of file'!r}")
-        if kind == "p" and tok == "[":
-            kind, tok = token()
-            while not (kind == "p" and tok == "]"):
-                if kind == "p" and tok == ",":
-                    kind, tok = token()
-                    continue
-                current.fields.append((name, value(kind, tok)))
-                kind, tok = token()
-                if kind == "eof":
-                    raise ProtoTextError(line(), f"truncated: list of {name!r} not closed")
-            continue
-        current.fields.append((name, value(kind, tok)))
+            current, state = Message(), _FIELD
+        elif state == _AFTER_NAME:
+            if kind != "p" or tok != ":":
+                raise fail(m, f"expected ':' or '{{' after {name!r}, got {tok!r}")
+            state = _VALUE
+        elif state == _VALUE:
+            if kind == "p" and tok == "[":
+                state = _LIST_VALUE
+            elif kind in ("num", "id"):
+                current.fields.append((name, _scalar(kind, tok)))
+                state = _FIELD
+            else:
+                raise fail(m, f"expected a value, got {tok!r}")
+        elif state == _LIST_VALUE:
+            if kind == "p" and tok == "]":
+                state = _FIELD
+            elif kind in ("num", "id"):
+                current.fields.append((name, _scalar(kind, tok)))
+                state = _LIST_SEP
+            else:
+                raise fail(m, f"expected a value in the list of {name!r}, got {tok!r}")
+        else:  # _LIST_SEP
+            if kind == "p" and tok in ",]":
+                state = _LIST_VALUE if tok == "," else _FIELD
+            else:
+                raise fail(m, f"expected ',' or ']' in the list of {name!r}, got {tok!r}")
+    if state in (_LIST_VALUE, _LIST_SEP):
+        raise fail(None, f"truncated: list of {name!r} not closed")
+    if state != _FIELD:
+        raise fail(None, f"truncated: no value for {name!r}")
+    if stack:
+        raise fail(None, f"truncated: {len(stack)} block(s) not closed (innermost {names[-1]!r})")
+    return root
