@@ -168,3 +168,13 @@ def test_cli_passes_bad_file_exits_2(tmp_path):
     p = cli("passes", f, "--json")
     assert p.returncode == 2 and p.stdout == ""
     assert f"bad fusion report: {f}: truncated" in p.stderr
+
+
+def test_repeated_graph_ids_stay_apart_in_per_graph():
+    """Two back-to-back objects for one graph id (a graph compiled twice) are both kept."""
+    from precision_agent.fusion.report import report_json
+    one = json.dumps(_graph_obj("0_0", {"APass": (1, 1)}, {}))
+    two = json.dumps(_graph_obj("0_0", {"APass": (2, 0)}, {}))
+    doc = report_json(merge(["f"], parse_report_text(one + two)))
+    assert sorted(doc["per_graph"]) == ["0_0", "0_0#2"] and doc["graphs"] == 2
+    assert doc["graph_fusion"]["APass"] == {"match_times": 3, "effect_times": 1}

@@ -89,8 +89,8 @@ class FusionReport:
                      if name in table)
 
     def per_graph_keys(self) -> list[str]:
-        """Unique keys for ``per_graph``: the graph id, prefixed by the file name when several
-        files were read, and suffixed ``#n`` when an id repeats."""
+        """Unique keys for ``per_graph``: the graph id (``load_reports`` prefixes it with the file
+        name when several files are read), suffixed ``#n`` when an id repeats."""
         seen: dict[str, int] = {}
         keys = []
         for g in self.graphs:
