@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import corpus_path
 from precision_agent.fusion import prototext
@@ -243,3 +245,22 @@ def test_cli_graph_on_real_atc_json():
     assert p.returncode == 0, p.stderr
     op = json.loads(p.stdout)["op_list"][0]
     assert op["passes"] == ["ConstToAttrStridedSliceV2Fusion"] and op["original_ops"] == ["Slice_1218"]
+
+
+_PIECES = st.sampled_from(['graph', 'op', '{', '}', '<', '>', ':', '[', ']', ',', ';', 'name', '"a\\101"',
+                           '"\\q"', "'x'", '-1', '0x1F', '1.5e3', 'true', '-inf', '#c\n', '\n', ' ', '"', '\\',
+                           'attr', 'key: "pass_name"', 'value', 'list', 's: "P"', '\x00', '\u5c42'])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PIECES, max_size=60) | st.text(max_size=200))
+def test_any_text_gives_a_graph_or_a_clear_error(pieces):
+    """Hostile input: the reader returns a graph or raises GraphFormatError, nothing else."""
+    from precision_agent.fusion.graph import parse_ge_text
+    text = "".join(pieces) if isinstance(pieces, list) else pieces
+    try:
+        g = parse_ge_text(text, "f.txt")
+    except GraphFormatError as exc:
+        assert exc.file == "f.txt" and exc.reason
+    else:
+        assert all(isinstance(o.name, str) and isinstance(o.passes, tuple) for o in g.ops)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import corpus_path
 from precision_agent.fusion.report import (MAX_REPORT_BYTES, FusionReportError, load_reports, merge,
@@ -178,3 +180,26 @@ def test_repeated_graph_ids_stay_apart_in_per_graph():
     doc = report_json(merge(["f"], parse_report_text(one + two)))
     assert sorted(doc["per_graph"]) == ["0_0", "0_0#2"] and doc["graphs"] == 2
     assert doc["graph_fusion"]["APass"] == {"match_times": 3, "effect_times": 1}
+
+
+_JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5)
+                        | st.sampled_from(["1", "-1", "x", "graph_fusion", "ub_fusion"]),
+                        lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.sampled_from(["graph_fusion", "ub_fusion", "session_and_graph_id",
+                                                           "session_and_graph_id_0_1", "match_times",
+                                                           "effect_times", "P"]), inner, max_size=4),
+                        max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_JSONISH, min_size=1, max_size=3), st.integers(0, 40))
+def test_any_json_gives_a_report_or_a_clear_error(docs, cut):
+    """Hostile input: any JSON values back to back (or cut short) give graphs or FusionReportError."""
+    text = "".join(json.dumps(d) for d in docs)
+    for t in (text, text[:max(0, len(text) - cut)]):
+        try:
+            graphs = parse_report_text(t, "f.json")
+        except FusionReportError as exc:
+            assert exc.file == "f.json" and exc.reason
+        else:
+            assert all(c.effect_times >= 0 for g in graphs for c in g.graph_fusion.values())
