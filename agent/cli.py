@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .compare.cli import add_parser as add_compare
     add_compare(sub)
 
+    from .fusion.cli import add_parser as add_fusion
+    add_fusion(sub)
+
     ru = sub.add_parser("rules", help="rule-file tools")
     rsub = ru.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     rc = rsub.add_parser("check", help="validate rule files")

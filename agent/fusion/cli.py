@@ -1,0 +1,152 @@
+"""``precision-agent fusion passes|graph|bisect``: a thin front end over report, graph, switch and bisect.
+
+Exit status: 0 success, 2 bad usage or a file that cannot be read (the reason on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``fusion`` and its subcommands on the main parser."""
+    f = subparsers.add_parser("fusion", help="fusion reports, executed graphs, and bisection to the fusion pass")
+    fsub = f.add_subparsers(dest="fusion_command", metavar="SUBCOMMAND")
+    f.set_defaults(func=lambda args: _usage(f))
+
+    p = fsub.add_parser("passes", help="the passes of fusion_result.json files: effective and matched only")
+    p.add_argument("files", nargs="+", metavar="FILE", help="fusion_result.json (any shape; several are merged)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_passes)
+
+    g = fsub.add_parser("graph", help="the executed GE graph (ATC JSON or ge_proto_*_Build.txt): "
+                                      "per op its type, fusion passes and original ops")
+    g.add_argument("file", metavar="FILE")
+    g.add_argument("--op", metavar="NAME", help="only this op (or the ops that merged an original op of this name)")
+    g.add_argument("--fused", action="store_true", help="only fused ops")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.set_defaults(func=cmd_graph)
+
+    b = fsub.add_parser("bisect", help="find the fusion pass that breaks a run in ceil(log2 N) runs")
+    b.add_argument("--passes", metavar="FILE", help="fusion_result.json of the bad run (needed to start a session)")
+    b.add_argument("--session", required=True, metavar="FILE", help="session file (JSON; created on first use)")
+    b.add_argument("--result", choices=("good", "bad"),
+                   help="outcome of the run made with the current switch file: good = healthy")
+    b.add_argument("--cfg", metavar="PATH",
+                   help="where to write fusion_switch.cfg (default: fusion_switch.cfg beside the session file)")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.set_defaults(func=cmd_bisect)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def _fail(msg: str) -> int:
+    print(f"precision-agent: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _dump(doc: object) -> None:
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def cmd_passes(args: argparse.Namespace) -> int:
+    from .report import FusionReportError, format_report, load_reports, report_json
+    try:
+        report = load_reports(args.files)
+    except FusionReportError as exc:
+        return _fail(f"bad fusion report: {exc}")
+    if args.json:
+        _dump(report_json(report))
+    else:
+        print(format_report(report))
+    return EXIT_OK
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from .graph import GraphFormatError, format_graph, read_graph_file
+    try:
+        g = read_graph_file(args.file)
+    except GraphFormatError as exc:
+        return _fail(f"bad graph file: {exc}")
+    ops = g.ops
+    if args.op:
+        ops = g.find(args.op)
+        if not ops:
+            return _fail(f"{args.file}: no op named {args.op!r} (nor one merging an original op of that name)")
+    if args.fused:
+        ops = [o for o in ops if o.fused]
+    if args.json:
+        doc = g.to_json()
+        doc["op_list"] = [o.to_json() for o in ops]
+        _dump(doc)
+    else:
+        print(format_graph(g, ops))
+    return EXIT_OK
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from .bisect import BisectError, BisectSession, load_session, locked, save_session
+    from .report import FusionReportError, load_reports
+    from .switch import write_switch
+    session = Path(args.session)
+    cfg = Path(args.cfg) if args.cfg else session.parent / "fusion_switch.cfg"
+    if not session.parent.is_dir():
+        return _fail(f"{session}: its folder does not exist")
+    try:
+        with locked(session):
+            if session.exists():
+                s = load_session(session)
+                if args.passes:
+                    report = load_reports([args.passes])
+                    if tuple(report.effective) != s.candidates:
+                        return _fail(f"{args.passes}: its effective passes differ from those the session "
+                                     f"{session} started with; use a new session file")
+                if args.result:
+                    s.record(args.result)
+                    save_session(session, s)
+            else:
+                if not args.passes:
+                    return _fail(f"{session}: no such session; give --passes fusion_result.json to start one")
+                if args.result:
+                    return _fail(f"{session}: new session: there is no round to record a result for yet; "
+                                 f"run without --result first, then train with the switch file it writes")
+                report = load_reports([args.passes])
+                s = BisectSession.start([args.passes], report.effective,
+                                        {p: report.kinds(p) for p in report.effective})
+                save_session(session, s)
+            write_switch(cfg, s.switch_cfg())
+    except FusionReportError as exc:
+        return _fail(f"bad fusion report: {exc}")
+    except BisectError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"{exc.filename or session}: {exc.strerror or exc}")
+    doc = s.to_json(str(cfg))
+    if args.json:
+        _dump(doc)
+    else:
+        print(doc["message"])
+        if not s.done or s.status == "found":
+            print(f"remaining ({len(s.remaining)}): {', '.join(s.remaining)}")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry: ``python -m precision_agent.fusion.cli fusion ...``."""
+    parser = argparse.ArgumentParser(prog="precision-agent")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
