@@ -170,3 +170,39 @@ def test_long_windows_do_not_overflow():
     p = AbParams(window=1000, min_steps=20)
     on, off = base(2500, 1), base(2500, 2)
     assert judge(curve(on), curve(off), p).verdict == "no_difference"
+
+
+# --- precision-agent fusion ab, the CLI over two logs ----------------------------------------------
+
+def _megatron_log(path, losses: dict[int, str], scales: dict[int, str] | None = None) -> None:
+    with open(path, "w") as f:
+        for it, loss in losses.items():
+            scale = (scales or {}).get(it, "65536.0")
+            f.write(f" iteration {it:>8}/    1000 | consumed samples: {it * 8:>12} | learning rate: 1.000000E-04 | "
+                    f"global batch size:     8 | lm loss: {loss} | loss scale: {scale} | grad norm: 1.2 | "
+                    f"number of skipped iterations:   0 | number of nan iterations:   0 |\n")
+
+
+def _fusion_ab(on, off):
+    import json
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "precision_agent", "fusion", "ab", str(on), str(off), "--json"],
+                          capture_output=True, text=True, timeout=120)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("case, verdict, rc", [("collapse_on", "fusion_suspected", 1), ("noise", "no_difference", 0),
+                                               ("off_worse", "fusion_off_worse", 0), ("few", "insufficient_data", 2)])
+def test_cli_verdicts_on_curve_pairs(tmp_path, case, verdict, rc):
+    steps = 10 if case == "few" else 200
+    on = {s: f"{v:.6E}" for s, v in base(steps, 21).items()}
+    off = {s: f"{v * (1.05 if case == 'off_worse' else 1.0):.6E}" for s, v in base(steps, 22).items()}
+    scales = None
+    if case == "collapse_on":  # fusion on: the scale backs off from step 100 down to 1
+        scales = {s: str(max(1.0, 65536.0 / 2 ** max(0, s - 100))) for s in on}
+    _megatron_log(tmp_path / "on.log", on, scales)
+    _megatron_log(tmp_path / "off.log", off)
+    code, out = _fusion_ab(tmp_path / "on.log", tmp_path / "off.log")
+    assert (out["verdict"], code) == (verdict, rc), out
+    assert set(out) == {"verdict", "steps_compared", "evidence"}

@@ -1,6 +1,8 @@
-"""``precision-agent fusion passes|graph|bisect``: a thin front end over report, graph, switch and bisect.
+"""``precision-agent fusion passes|graph|bisect|ab``: a thin front end over report, graph, switch, bisect
+and the ``ab`` rule kind's verdict.
 
-Exit status: 0 success, 2 bad usage or a file that cannot be read (the reason on stderr).
+Exit status: 0 success, 2 bad usage or a file that cannot be read (the reason on stderr); ``ab``:
+1 when the fusion-on run is clearly worse, 2 with too few common steps.
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="where to write fusion_switch.cfg (default: fusion_switch.cfg beside the session file)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(func=cmd_bisect)
+
+    a = fsub.add_parser("ab", help="is the fusion-on run clearly worse than the fusion-off run? "
+                                   "(the verdict of the rule kind ab on two logs)")
+    a.add_argument("on", metavar="ON.log", help="the log of the run with fusion on (the suspect)")
+    a.add_argument("off", metavar="OFF.log", help="the log of the run with fusion off (the reference)")
+    a.add_argument("--format", default="auto", help="log format of both files (default: detected)")
+    a.add_argument("--window", type=int, default=50, help="each of the two halves of common steps compared")
+    a.add_argument("--min-steps", type=int, default=20, help="common steps needed for a verdict on the loss gap")
+    a.add_argument("--json", action="store_true", help="print one JSON object")
+    a.set_defaults(func=cmd_ab)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -138,6 +150,34 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         if not s.done or s.status == "found":
             print(f"remaining ({len(s.remaining)}): {', '.join(s.remaining)}")
     return EXIT_OK
+
+
+def cmd_ab(args: argparse.Namespace) -> int:
+    """Exit 0: no_difference or fusion_off_worse; 1: fusion_suspected; 2: insufficient_data or a bad file."""
+    from pydantic import ValidationError
+    from ..detectors.ab import AbParams
+    from ..readers.parsers import UnknownFormat
+    from .ab import compare_logs
+    try:
+        params = AbParams(window=args.window, min_steps=args.min_steps)
+    except ValidationError as exc:
+        return _fail(f"fusion ab: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
+    for path in (args.on, args.off):
+        if not Path(path).is_file():
+            return _fail(f"fusion ab: {path}: not a readable file")
+    try:
+        result = compare_logs(Path(args.on), Path(args.off), params, args.format)
+    except (OSError, UnknownFormat) as exc:
+        return _fail(f"fusion ab: {exc}")
+    doc = result.to_json()
+    if args.json:
+        _dump(doc)
+    else:
+        print(f"verdict:        {result.verdict}")
+        print(f"steps compared: {result.steps_compared}")
+        for k, v in result.evidence.items():
+            print(f"  {k}: {v}")
+    return {"fusion_suspected": 1, "insufficient_data": 2}.get(result.verdict, EXIT_OK)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,49 @@
+"""``precision-agent fusion ab ON.log OFF.log``: the ``ab`` rule kind's verdict on two finished logs.
+
+Each log goes through the same reader, parsers and series state as the daemon (one series per
+file: ranks folded, as the loss curves of one run agree across ranks); the curves are then judged
+by ``detectors.ab.judge``, the function the daemon's ``FusionSuspected`` rule uses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..detectors.ab import AbParams, AbResult, curve, judge, new_side, take
+from ..model import HINT_METRICS
+from ..readers.logstream import LogStream
+from ..series import SeriesState
+
+READ_STEP = 4 << 20
+
+
+def side_of(path: Path, params: AbParams, fmt: str = "auto") -> dict:
+    """One run's curve: losses by step, its first break, its highest step."""
+    side = new_side()
+    series = SeriesState(())
+    stream = LogStream(str(path), {}, fmt, None)
+    try:
+        while True:
+            before = stream.stats.bytes
+            _feed(stream.poll(READ_STEP), series, side, params)
+            if stream.stats.bytes == before:
+                break
+        _feed(stream.finish(), series, side, params)
+    finally:
+        stream.close()
+    return side
+
+
+def _feed(samples: list, series: SeriesState, side: dict, params: AbParams) -> None:
+    for s in samples:
+        if s.metric in HINT_METRICS:
+            series.apply_hint(s)
+            continue
+        s.labels = ()  # one run: the ranks' copies of a record fold into one curve
+        for accepted in series.ingest(s):
+            take(accepted, series, side, params.max_points)
+
+
+def compare_logs(on: Path, off: Path, params: AbParams | None = None, fmt: str = "auto") -> AbResult:
+    params = params or AbParams()
+    return judge(curve(side_of(on, params, fmt)), curve(side_of(off, params, fmt)), params)
