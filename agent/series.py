@@ -41,7 +41,7 @@ RESTART_RECORDS = 3  # progress records in a row behind the last step that make 
 _PERSISTED = ("records", "first_step", "last_step", "last_update", "last", "scale_first", "scale_min",
               "scale_last", "scale_decreases", "scale_increases", "overflow_steps", "nonfinite",
               "precision", "scaler", "finished", "finished_at", "attempt", "scale_max", "scaler_events", "producer",
-              "attempt_base", "restarting")
+              "attempt_base", "restarting", "first_nonfinite_step", "first_nonfinite_time")
 
 # producers whose trainers have no loss scaler at all (torchtitan trains in bf16/fp32 through FSDP's
 # mixed precision)
@@ -77,6 +77,10 @@ class SeriesState:
     # (decreases, increases, scaler events) when the current attempt began: what the run is
     # (dynamic_evidence) is judged on the current attempt alone
     attempt_base: tuple[int, int, int] | list = (0, 0, 0)
+    # the first NaN/Inf of the current attempt that is no scaler's skipped step (a loss, a trainer's
+    # message, or a grad norm where the run does not scale its loss): where an incident started
+    first_nonfinite_step: int | None = None
+    first_nonfinite_time: float | None = None  # the line's own time stamp where it has one
     gradnorm_explained: bool = False  # the last non-finite grad norm had a scaler event of its own
     # the run printed its start-up statements (precision) or its end again: the next step that
     # goes back, by however little, is a new attempt
@@ -208,6 +212,9 @@ class SeriesState:
             self.nonfinite[m] = self.nonfinite.get(m, 0) + 1
             if m == GRAD_NORM:
                 self._gradnorm_overflow(s, out)
+            if self.first_nonfinite_step is None and (m != GRAD_NORM or self.loss_scaling == "no"):
+                self.first_nonfinite_step = s.step if s.step is not None else self.last_step
+                self.first_nonfinite_time = s.log_time if s.log_time is not None else s.time
         out.append(s)
         return out
 
@@ -234,6 +241,7 @@ class SeriesState:
         scale trajectory and the copy filters start afresh (totals and counters are kept)."""
         self.attempt += 1
         self.restarting = False
+        self.first_nonfinite_step = self.first_nonfinite_time = None
         self.attempt_base = (self.scale_decreases, self.scale_increases, self.scaler_events)
         self.scale_last = self.scale_max = None
         self._progress_step = None

@@ -48,7 +48,8 @@ class AgentCollector(Collector):
         yield from self._health()
         with self.pipeline.lock:
             series = [(s.labels, s.last.copy(), s.last_step, s.overflow_steps, s.scale_decreases,
-                       dict(s.nonfinite), s.records, s.last_update) for s in self.pipeline.series.values()]
+                       dict(s.nonfinite), s.records, s.last_update, s.first_nonfinite_step, s.first_nonfinite_time)
+                      for s in self.pipeline.series.values()]
             alerts = [(a.rule, a.state.value, a.labels) for a in self.pipeline.alerts.alerts.values()
                       if a.state.value != "resolved"]
             findings = dict(self.pipeline.findings_total)
@@ -134,8 +135,19 @@ class AgentCollector(Collector):
                                   labels=keys)
         nf = CounterMetricFamily(P + "training_nonfinite_values", "NaN/Inf values or messages by metric.",
                                  labels=keys + ["metric"])
-        for labels, last, step, overflow, decreases, nonfinite, records, updated in series:
+        first = GaugeMetricFamily(P + "training_first_nonfinite_step",
+                                  "Step of the series' first NaN/Inf of the current attempt (no scaler's skipped "
+                                  "step); the lowest across the ranks of a run names where an incident started.",
+                                  labels=keys)
+        first_t = GaugeMetricFamily(P + "training_first_nonfinite_timestamp_seconds",
+                                    "When that first NaN/Inf happened (the line's time stamp where it has one).",
+                                    labels=keys)
+        for labels, last, step, overflow, decreases, nonfinite, records, updated, nf_step, nf_time in series:
             vals = _values(labels, keys)
+            if nf_step is not None:
+                first.add_metric(vals, nf_step)
+            if nf_time is not None:
+                first_t.add_metric(vals, nf_time)
             if step is not None:
                 g.add_metric(vals, step)
             u.add_metric(vals, updated)
@@ -146,7 +158,7 @@ class AgentCollector(Collector):
                 nonfinite.setdefault(m, 0)
             for m, n in sorted(nonfinite.items()):
                 nf.add_metric(vals + [m], n)
-        yield from (g, u, ov, dec, rec, nf)
+        yield from (g, u, ov, dec, rec, nf, first, first_t)
 
     def _alerts(self, alerts: list, findings: dict[str, int]) -> Iterator[Metric]:
         keys = [k for k in _keys(a[2] for a in alerts) if k not in ("alertname", "alertstate")]

@@ -9,6 +9,7 @@ replay the real logs of ../shared/corpus/logs."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -512,3 +513,37 @@ def test_torch_npu_backoff_after_a_silent_regrowth_is_an_overflow(tmp_path):
         lines += ["Gradient overflow. Skipping step", "Gradient overflow. Skipping step",
                   "Loss scaler reducing loss scale to 32768.0", "Loss scaler reducing loss scale to 32768.0", hf()]
     assert run(tmp_path, lines)["overflow_steps"] == 5
+
+
+def test_first_nonfinite_step_of_the_attempt_ignores_skipped_steps():
+    """The step of the first NaN/Inf that is no scaler's skipped step (exported per series; the
+    fleet's TrainingNonFiniteOrigin rule takes the lowest across ranks)."""
+    from precision_agent.model import GRAD_NORM, LOSS, LOSS_SCALE, Sample, SourcePos
+    from precision_agent.series import SeriesState
+    st = SeriesState((("run", "r"),))
+    def feed(metric, value, step, log_time=None):
+        st.ingest(Sample(st.labels, metric, value, step, SourcePos("t.log", step), 100.0 + step, log_time,
+                         producer="hf_trainer"))
+    feed(LOSS_SCALE, 65536.0, 1)
+    feed(LOSS_SCALE, 32768.0, 2)   # a dynamic scaler
+    feed(LOSS, 2.0, 3)
+    feed(GRAD_NORM, math.inf, 3)   # a skipped step
+    assert st.first_nonfinite_step is None
+    feed(LOSS, math.nan, 7, log_time=5000.0)
+    feed(LOSS, math.nan, 8)
+    assert (st.first_nonfinite_step, st.first_nonfinite_time) == (7, 5000.0)
+    st.new_attempt()
+    assert st.first_nonfinite_step is None
+
+
+def test_first_nonfinite_step_is_exported():
+    from precision_agent.exporters.metrics import AgentCollector
+    from precision_agent.health import Health
+    from precision_agent.model import LOSS, Sample, SourcePos
+    from precision_agent.pipeline import Pipeline
+    p = Pipeline(RULES.fresh())
+    p.process([Sample((("run", "r"), ("rank", "3")), LOSS, math.nan, 42, SourcePos("t.log", 1), 100.0, 1234.5)])
+    got = {m.name: m.samples for m in AgentCollector(Health(), p).collect()}
+    (step,) = got["precision_agent_training_first_nonfinite_step"]
+    (when,) = got["precision_agent_training_first_nonfinite_timestamp_seconds"]
+    assert step.value == 42 and step.labels == {"run": "r", "rank": "3"} and when.value == 1234.5
