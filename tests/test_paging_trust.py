@@ -280,7 +280,8 @@ def test_nan_grad_norm_in_bf16_megatron_pages_at_once(tmp_path):
 @pytest.mark.parametrize("marker", ["[after training is done]", "Training completed. Do not forget to share your model",
                                     "2022-10-19 04:02:11 | INFO | fairseq_cli.train | done training in 798.6 seconds",
                                     "[2024-01-01 10:00:00,000] [INFO] [launch.py:351:main] Process 23917 exits successfully.",
-                                    "`Trainer.fit` stopped: `max_epochs=3` reached."])
+                                    "`Trainer.fit` stopped: `max_epochs=3` reached.",
+                                    "{'train_runtime': 812.3, 'train_samples_per_second': 3.9, 'train_loss': 0.41, 'epoch': 3.0}"])
 def test_end_of_training_markers(tmp_path, marker):
     assert run(tmp_path, [megatron(10, "1.0"), marker])["finished"] is True
 

@@ -24,7 +24,8 @@ as such: ``fp16=True`` followed by ``,`` or ``)`` or the line's end (not inside 
 text, and ``Training completed`` followed by ``.``, ``!`` or the line's end.
 
 End of training: Megatron ``[after training is done]`` and ``exiting program at iteration N``,
-HF ``Training completed.``, torchtitan ``Training completed``, Lightning `` `Trainer.fit` stopped``,
+HF ``Training completed.`` and the ``{'train_runtime': ...}`` summary ``Trainer.train()`` prints at
+its end, torchtitan ``Training completed``, Lightning `` `Trainer.fit` stopped``,
 fairseq ``done training in N seconds``, DeepSpeed's launcher ``Process N exits successfully``,
 detectron2 ``Total training time:``, MLPerf ``run_stop ... "status": "success"``.
 """
@@ -54,7 +55,7 @@ _RE = re.compile(
     # end of training
     r"|(?P<end>\[after training is done\]|\bexiting program at iteration \d+"
     r"|\bTraining completed(?=[.!]|\s*$)|`Trainer\.fit` stopped|\bdone training in [\d.]+ seconds"
-    r"|\bProcess \d+ exits successfully|\bTotal training time:"
+    r"|\bProcess \d+ exits successfully|\bTotal training time:|\{'train_runtime':"
     r"|\"key\": \"run_stop\"[^\n]*\"status\": \"success\")")
 
 _MODES = {"fp16": "fp16", "bf16": "bf16", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
@@ -68,7 +69,7 @@ class HintsParser(Parser):
     hint = True
     keywords = ("fp16", "bf16", "float16", "16bit", "recision", "ization level", ": dynamic", "compute_dtype",
                 "LossScale", "training is done", "exiting program", "Training completed", "Trainer.fit",
-                "done training", "exits successfully", "Total training time", "run_stop")
+                "done training", "exits successfully", "Total training time", "run_stop", "train_runtime")
 
     def parse_spans(self, block: Block) -> tuple[list[Record], list[tuple[int, int]] | None]:
         return self.parse(block), []  # claims no line: the producer's parser reads them all
