@@ -212,7 +212,8 @@ class SeriesState:
             self.nonfinite[m] = self.nonfinite.get(m, 0) + 1
             if m == GRAD_NORM:
                 self._gradnorm_overflow(s, out)
-            if self.first_nonfinite_step is None and (m != GRAD_NORM or self.loss_scaling == "no"):
+            if self.first_nonfinite_step is None and (m != GRAD_NORM or self.loss_scaling == "no"
+                                                      or s.producer in APPLIED_GRAD_NORM_PRODUCERS):
                 self.first_nonfinite_step = s.step if s.step is not None else self.last_step
                 self.first_nonfinite_time = s.log_time if s.log_time is not None else s.time
         out.append(s)

@@ -32,6 +32,7 @@ PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds"}   # Prometheus adds the
 # Panels allowed to be empty on a healthy test run, with why.
 MAY_BE_EMPTY = {
     "First bad op": "needs a DumpNonFinite alert (a scanned dump with NaN)",
+    "Fusion suspected": "needs a FusionSuspected alert (two runs labelled fusion on/off)",
     "Errors / s by kind": "shows only kinds with errors (> 0)",
 }
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
