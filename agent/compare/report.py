@@ -119,6 +119,17 @@ def summary(res: CompareResult) -> str:
     return f"no divergence under {res.preset}; {sum(not r.equal for r in res.rows)} tensors differ within tolerance"
 
 
+def fusion_suspect(res: CompareResult) -> dict[str, Any] | None:
+    """Whether the first diverging op is a fused API (docs/fusion.md), as ``scan`` says it."""
+    from ..fusion.suspect import CatalogueError, suspect
+    op = (res.first_diverging_op or {}).get("op")
+    try:
+        found = suspect(op)
+    except CatalogueError as exc:
+        return {"op": op, "kind": None, "error": str(exc)}
+    return found.to_json() if found is not None else None
+
+
 def row_dict(r: Row) -> dict[str, Any]:
     t, b = r.target, r.bench
     out: dict[str, Any] = {
@@ -142,6 +153,7 @@ def to_json(res: CompareResult) -> dict[str, Any]:
             "preset": res.preset, "mode": res.mode, "pairs": len(res.rows),
             "unmatched": res.unmatched, "first_diverging_op": res.first_diverging_op,
             "corrupted_input": res.corrupted_input, "first_differing_tensor": res.first_differing_tensor,
+            "fusion_suspect": fusion_suspect(res),
             "identical": res.identical, "diverged": res.diverged, "verdict": verdict(res),
             "summary": summary(res), "differ_bitwise": sum(not r.equal for r in res.rows),
             "beyond_tolerance": sum(r.ok is False for r in res.rows), "errors": res.errors,

@@ -156,9 +156,21 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
         if progress is not None:
             progress(done, total, i + 1, len(tensors))
     layouts = sorted({t.extra.get("layout", layout) for t in tensors}) if layout == "mixed" else [layout]
+    first = first_bad_op(kept, stats)
+    op = first["op"] if first else (found[0]["op"] if found else None)
     return {"path": str(path), "layout": layout, "layouts": layouts, "tensors": [asdict(s) for s in stats],
-            "first_nonfinite": first_bad_op(kept, stats), "overflows": found,
+            "first_nonfinite": first, "overflows": found, "fusion_suspect": _fusion_suspect(op),
             "errors": [{"path": p, "reason": r} for p, r in errors]}
+
+
+def _fusion_suspect(op: str | None) -> dict[str, Any] | None:
+    """Whether the first bad op (or the first overflowing one) is a fused API (docs/fusion.md)."""
+    from ..fusion.suspect import CatalogueError, suspect
+    try:
+        found = suspect(op)
+    except CatalogueError as exc:
+        return {"op": op, "kind": None, "error": str(exc)}
+    return found.to_json() if found is not None else None
 
 
 def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | None = None,
@@ -242,6 +254,9 @@ def format_report(r: dict[str, Any], limit: int = 40) -> str:
     lines.append(f"with NaN/Inf: {len(bad)}")
     f = r["first_nonfinite"]
     lines.append("first bad op: " + (f"{f['op']} {f['tensor']}{_at(f['step'], f['rank'])}" if f else "none"))
+    fs_ = r.get("fusion_suspect")
+    if fs_ and fs_.get("kind"):
+        lines.append(f"fusion suspect: {fs_['op']} is a fused {fs_.get('api') or 'op'} ({fs_['kind']}): {fs_['advice']}")
     if bad:
         lines.append(f"{'step':>5} {'rank':>4} {'nan':>8} {'+inf':>8} {'-inf':>8} {'max':>12} {'min':>12}  tensor")
         for t in bad[:limit]:
