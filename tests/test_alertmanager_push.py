@@ -376,3 +376,30 @@ def test_daemon_pushes_to_alertmanager(am: tuple[str, WebhookSink], tmp_path: Pa
         assert status == 200 and "precision_agent_alertmanager_alerts_sent_total 1.0" in body.decode()
     finally:
         assert not stop_all([agent])
+
+
+@pytest.mark.e2e
+def test_daemon_pushes_fusion_suspected_from_a_dump_watch(am: tuple[str, WebhookSink], tmp_path: Path) -> None:
+    """Issue 11: dump watch -> first bad op inside a fused API -> FusionSuspected at a real
+    Alertmanager, with the API in the alert."""
+    url, _sink = am
+    (tmp_path / "dumps").mkdir()
+    cfg = tmp_path / "agent.yml"
+    cfg.write_text(yaml.safe_dump({
+        "watches": [{"path": str(tmp_path / "dumps"), "kind": "dump", "labels": {"run": "r-fusion"}}],
+        "dump_settle": "0.5s", "limits": {"nice": 0, "io_idle": False},
+        "alertmanager": {"urls": [url], "resend_interval": "1m"}}))
+    agent, port = start_listening("agent", lambda p: [
+        sys.executable, "-m", "precision_agent", "run", "--listen", f"127.0.0.1:{p}",
+        "--state", str(tmp_path / "state"), "--config", str(cfg)], tmp_path)
+    try:
+        from test_fusion_suspect import WRITER
+        subprocess.run([sys.executable, "-c", WRITER, str(tmp_path / "dumps"), str(Path(__file__).parent)],
+                       check=True, timeout=60)
+        got = wait_for(lambda: [a for a in _am_alerts(url, "r-fusion") if a["labels"]["alertname"] == "FusionSuspected"],
+                       30, what="FusionSuspected in Alertmanager")
+        (a,) = got
+        assert a["labels"]["op"] == "NPU.npu_fusion_attention.0.forward" and a["labels"]["severity"] == "ticket"
+        assert "npu_fusion_attention" in a["annotations"]["summary"]
+    finally:
+        assert not stop_all([agent])

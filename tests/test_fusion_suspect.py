@@ -128,3 +128,39 @@ def test_a_graph_op_made_by_a_pass_names_the_pass_and_its_switch_file():
     s = suspect("Slice_1218", g, report).to_json()
     assert s["kind"] == "graph_pass" and s["passes"] == ["ConstToAttrStridedSliceV2Fusion"]
     assert s["switch_cfg"] == {"Switch": {"GraphFusion": {"ConstToAttrStridedSliceV2Fusion": "off"}, "UBFusion": {}}}
+
+
+WRITER = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_fusion_suspect import run_of, write_msprobe
+write_msprobe(Path(sys.argv[1]), run_of("nan"), step=3)
+"""
+
+
+def test_the_daemon_fires_fusion_suspected_from_a_dump_watch(tmp_path):
+    """Dump watch -> scan -> first bad op inside npu_fusion_attention -> FusionSuspected on /metrics,
+    with the API and how to run it unfused in the alert."""
+    from pathlib import Path
+    from agentproc import AgentProcess
+    from conftest import wait_for
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    cfg = tmp_path / "agent.yml"
+    cfg.write_text("dump_settle: 0.5s\n")
+    agent = AgentProcess(tmp_path / "nolog", tmp_path / "state", "--config", str(cfg),
+                         "--watch", f"dump:{dumps}").start()
+    try:
+        subprocess.run([sys.executable, "-c", WRITER, str(dumps), str(Path(__file__).parent)], check=True, timeout=60)
+        op = "NPU.npu_fusion_attention.0.forward"
+        wait_for(lambda: agent.metric("precision_agent_alerts", alertname="FusionSuspected", alertstate="firing",
+                                      op=op, severity="ticket"), timeout=30, what="FusionSuspected firing")
+        (alert,) = [a for a in agent.alerts() if a["alertname"] == "FusionSuspected"]
+        ev = alert["evidence"]["evidence"]
+        assert ev["api"] == "npu_fusion_attention" and ev["kind"] == "fused_api" and ev["found_by"] == "dump_nonfinite"
+        assert alert["annotations"]["summary"].startswith(f"{op} is fused (npu_fusion_attention)")
+        assert "attention" in alert["annotations"]["description"]
+        assert agent.metric("precision_agent_alerts", alertname="DumpNonFinite", op=op) == 1.0
+    finally:
+        agent.stop()

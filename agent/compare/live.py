@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CompareSpec
-from ..dumps.schedule import signature
+from ..dumps.schedule import fusion_attrs, signature
 from ..model import Sample, SourcePos, json_safe, make_labels
 from ..detectors.dump_divergence import DUMP_DIVERGENCE
 from ..detectors.nondeterminism import DUMP_NONDETERMINISM
@@ -143,7 +143,8 @@ def compare_sample(result: dict[str, Any], labels: dict[str, str], unit: str) ->
              ("verdict", result.get("verdict")), ("preset", result.get("preset")),
              ("pairs", result.get("pairs")), ("differ_bitwise", result.get("differ_bitwise")),
              ("beyond_tolerance", result.get("beyond_tolerance")), ("unmatched", len(result.get("unmatched") or ())),
-             ("csv", result.get("csv")), ("bench", result.get("bench")))
+             ("csv", result.get("csv")), ("bench", result.get("bench")),
+             *fusion_attrs(result.get("fusion_suspect")))
     if not result.get("diverged"):   # in rerun mode: any bitwise difference
         return None
     metric = DUMP_NONDETERMINISM if result.get("mode") == "rerun" else DUMP_DIVERGENCE

@@ -10,6 +10,8 @@ an inbox the main worker drains, so the pipeline keeps a single owner.
 
 from __future__ import annotations
 
+import json
+
 import logging
 import os
 import queue
@@ -86,6 +88,15 @@ def _located(labels: dict[str, str], rank: Any) -> Labels:
     return make_labels(labels, rank=str(rank)) if rank is not None else make_labels(labels)
 
 
+def fusion_attrs(found: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    """A fusion suspect (agent/fusion/suspect.py) as sample attributes, for the fusion_suspect kind."""
+    if not found or not found.get("kind"):
+        return ()
+    return (("fusion_kind", found["kind"]), ("fusion_api", found.get("api")),
+            ("fusion_passes", tuple(found.get("passes") or ())), ("fusion_advice", found.get("advice") or ""),
+            ("fusion_switch_cfg", json.dumps(found["switch_cfg"]) if found.get("switch_cfg") else None))
+
+
 def _nonfinite_sample(result: dict[str, Any], labels: dict[str, str], src: SourcePos, now: float,
                       ) -> list[Sample]:
     first = result.get("first_nonfinite")
@@ -95,7 +106,8 @@ def _nonfinite_sample(result: dict[str, Any], labels: dict[str, str], src: Sourc
                 and t["rank"] == first["rank"] and f"{t['io']}[{t['index']}]" == first["tensor"]), {})
     nonfinite = (bad.get("nan") or 0) + (bad.get("pos_inf") or 0) + (bad.get("neg_inf") or 0)
     attrs = (("op", first["op"]), ("tensor", first["tensor"]), ("rank", first["rank"]), ("nonfinite", nonfinite),
-             ("dtype", bad.get("dtype")), ("max", bad.get("max")), ("min", bad.get("min")))
+             ("dtype", bad.get("dtype")), ("max", bad.get("max")), ("min", bad.get("min")),
+             *fusion_attrs(result.get("fusion_suspect")))
     return [Sample(_located(labels, first["rank"]), DUMP_NONFINITE, float(nonfinite), first["step"], src, now,
                    None, attrs)]
 

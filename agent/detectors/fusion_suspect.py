@@ -1,0 +1,51 @@
+"""``fusion_suspect``: the first bad op of a dump (NaN/Inf from finite inputs, or the first op that
+lost precision against the benchmark) is a fused API or an op a fusion pass made.
+
+The dump side names the op and asks agent/fusion/suspect.py whether it is fused; the answer rides
+on the ``dump_nonfinite`` / ``dump_divergence`` sample as ``fusion_*`` attributes, and this kind
+turns it into an alert labelled with the op, whose evidence carries the passes (with the
+``fusion_switch.cfg`` that turns off exactly them) or the fused API and how to run it unfused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from ..detectors.dump_divergence import DUMP_DIVERGENCE
+from ..model import DUMP_NONFINITE, Sample
+from ..series import SeriesState
+from .base import Detector, Hit, Params
+
+
+class FusionSuspectParams(Params):
+    on: list[Literal["nonfinite", "divergence"]] = ["nonfinite", "divergence"]
+
+
+_METRIC = {"nonfinite": DUMP_NONFINITE, "divergence": DUMP_DIVERGENCE}
+
+
+class FusionSuspectDetector(Detector[FusionSuspectParams]):
+    kind = "fusion_suspect"
+    params_model = FusionSuspectParams
+    metrics = frozenset({DUMP_NONFINITE, DUMP_DIVERGENCE})
+
+    def wanted_metrics(self) -> frozenset[str]:
+        return frozenset(_METRIC[o] for o in self.params.on)
+
+    def observe(self, sample: Sample, series: SeriesState) -> Hit | None:
+        kind = sample.attr("fusion_kind")
+        if not kind:
+            return None
+        op = str(sample.attr("op", ""))
+        passes = list(sample.attr("fusion_passes") or ())
+        api = sample.attr("fusion_api")
+        cfg = sample.attr("fusion_switch_cfg")
+        what = f"fusion passes {', '.join(passes)}" if passes else f"fused API {api}"
+        why = "produced NaN/Inf from finite inputs" if sample.metric == DUMP_NONFINITE else "lost precision first"
+        evidence = {"op": op, "kind": kind, "api": api, "passes": passes, "suspects": ", ".join(passes) or api,
+                    "advice": sample.attr("fusion_advice") or "",
+                    "switch_cfg": json.loads(cfg) if isinstance(cfg, str) else None,
+                    "tensor": sample.attr("tensor"), "rank": sample.attr("rank"), "found_by": sample.metric}
+        return Hit(sample.labels + (("op", op),), f"{op} {why}; it is fused ({what})", sample.value,
+                   sample.step, sample.source, evidence)
