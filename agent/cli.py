@@ -157,7 +157,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
         for e in rules.errors.values():
             print(f"precision-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    result = scan(path, args.step, rules, progress=progress_bar(args.progress), threads=args.threads)
+    from .fusion.context import load_context
+    fusion = load_context(args.graph, args.fusion_report, root=path)
+    result = scan(path, args.step, rules, progress=progress_bar(args.progress), threads=args.threads,
+                  fusion=fusion)
     if args.json:
         json.dump(json_safe(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -220,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="progress bar on stderr (default: when stderr is a terminal)")
     sc.add_argument("--threads", type=_threads, default=1, metavar="N",
                     help="scanner threads per tensor (default 1; the daemon always uses 1)")
+    sc.add_argument("--graph", metavar="FILE", help="the executed GE graph (ATC JSON or ge_proto_*_Build.txt; "
+                    "default: the newest ge_proto_*_Build.txt under PATH), to name the fusion passes of a bad op")
+    sc.add_argument("--fusion-report", action="append", metavar="FILE",
+                    help="fusion_result.json (default: the newest fusion_result*.json under PATH)")
     add_fail_on(sc)
     sc.set_defaults(func=cmd_scan)
 

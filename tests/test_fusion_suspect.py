@@ -164,3 +164,39 @@ def test_the_daemon_fires_fusion_suspected_from_a_dump_watch(tmp_path):
         assert agent.metric("precision_agent_alerts", alertname="DumpNonFinite", op=op) == 1.0
     finally:
         agent.stop()
+
+
+def test_scan_names_the_passes_behind_a_bad_graph_op_from_the_files_in_the_tree(tmp_path):
+    """A CANN dump whose first bad op was made by two fusion passes; the executed graph
+    (ge_proto_*_Build.txt) and fusion_result.json lie in the tree: scan finds them and names the
+    passes with the switch file that turns off exactly them."""
+    import dump_writers as W
+    from test_fusion_graph import ge_text
+    d = tmp_path / "dump"
+    d.mkdir()
+    good = np.ones((2, 3), np.float32)
+    bad = good.copy()
+    bad[0, 1] = np.nan
+    for i, (op_type, name, ins, outs) in enumerate([("MatMul", "mm_1", [good], [good]),
+                                                     ("Add", "add_layernorm_fused", [good], [bad])]):
+        W.write_cann_dump(str(d / W.dump_name(op_type, name, i + 1, 0, 1_700_000_000_000 + i)),
+                          inputs=[W.tensor(a) for a in ins], outputs=[W.tensor(a) for a in outs])
+    ops = [{"name": "mm_1", "type": "MatMul", "attrs": {"_datadump_original_op_names": ["mm_1"]}, "outputs": [{}]},
+           {"name": "add_layernorm_fused", "type": "AddLayerNorm",
+            "attrs": {"pass_name": ["AddLayerNormFusionPass", "TbeEltwiseFusionPass"],
+                      "_datadump_original_op_names": ["add_1", "layernorm_1"]}, "outputs": [{}]}]
+    (tmp_path / "ge_proto_00000001_Build.txt").write_text(ge_text([("g", ops)]))
+    (tmp_path / "fusion_result.json").write_text(json.dumps({
+        "graph_fusion": {"AddLayerNormFusionPass": {"match_times": "1", "effect_times": "1"}},
+        "ub_fusion": {"TbeEltwiseFusionPass": {"match_times": "2", "effect_times": "1"}}}))
+    _, r = cli("scan", tmp_path)
+    s = r["fusion_suspect"]
+    assert r["first_nonfinite"]["op"] == "add_layernorm_fused"
+    assert s["kind"] == "graph_pass" and s["passes"] == ["AddLayerNormFusionPass", "TbeEltwiseFusionPass"]
+    assert s["original_ops"] == ["add_1", "layernorm_1"]
+    assert s["switch_cfg"] == {"Switch": {"GraphFusion": {"AddLayerNormFusionPass": "off"},
+                                          "UBFusion": {"TbeEltwiseFusionPass": "off"}}}
+    # named files win over what the tree holds; a bad one is an error, not a crash
+    (tmp_path / "broken.json").write_text("{")
+    code, r2 = cli("scan", d, "--fusion-report", tmp_path / "broken.json")
+    assert any(e["path"] == "fusion" for e in r2["errors"]) and code in (1, 2)

@@ -163,11 +163,12 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
             "errors": [{"path": p, "reason": r} for p, r in errors]}
 
 
-def _fusion_suspect(op: str | None) -> dict[str, Any] | None:
-    """Whether the first bad op (or the first overflowing one) is a fused API (docs/fusion.md)."""
+def _fusion_suspect(op: str | None, graph: Any = None, report: Any = None) -> dict[str, Any] | None:
+    """Whether the first bad op (or the first overflowing one) is a fused API or an op a fusion
+    pass made (docs/fusion.md)."""
     from ..fusion.suspect import CatalogueError, suspect
     try:
-        found = suspect(op)
+        found = suspect(op, graph, report)
     except CatalogueError as exc:
         return {"op": op, "kind": None, "error": str(exc)}
     return found.to_json() if found is not None else None
@@ -193,14 +194,21 @@ def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | No
 
 def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
          labels: dict[str, str] | None = None, progress: Progress | None = None,
-         threads: int = 1) -> dict[str, Any]:
+         threads: int = 1, fusion: Any = None) -> dict[str, Any]:
     """``precision-agent scan``: :func:`scan_dump` plus the findings of ``rules`` (default: the
     shipped rule files), tensors shown as msprobe shows them (:func:`with_inf_extremes`).
-    ``threads``: scanner threads per tensor (the daemon keeps 1)."""
+    ``threads``: scanner threads per tensor (the daemon keeps 1). ``fusion``: the compiler's fusion
+    report and executed graph (agent/fusion/context.py), to name the passes behind a first bad op."""
     if rules is None:
         from ..rulefile import default_rules_dir, load_rules
         rules = load_rules([default_rules_dir()])
     r = scan_dump(path, step, progress, threads)
+    if fusion is not None and not fusion.empty:
+        first = r["first_nonfinite"]
+        op = first["op"] if first else (r["overflows"][0]["op"] if r["overflows"] else None)
+        r["fusion_suspect"] = _fusion_suspect(op, fusion.graph, fusion.report)
+    if fusion is not None:
+        r["errors"] += [{"path": "fusion", "reason": e} for e in fusion.errors]
     r["findings"] = findings(r, rules, labels)   # judged on the scanner's own statistics
     r["tensors"] = [with_inf_extremes(t) for t in r["tensors"]]
     return r

@@ -1,0 +1,82 @@
+"""What the graph compiler left behind for a dump: its fusion report and its executed graph.
+
+``scan`` and ``compare`` take them from ``--graph`` / ``--fusion-report``, or find them in the
+dump tree (``fusion_result*.json``, ``ge_proto_*_Build.txt``; newest first, a bounded walk), so that
+a first bad op made by a fusion pass is named with its passes (``suspect``'s ``graph_pass``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+
+from .graph import GeGraph, GraphFormatError, read_graph_file
+from .report import FusionReport, FusionReportError, load_reports
+
+REPORT_GLOB = "fusion_result*.json"
+GRAPH_GLOB = "ge_proto_*_Build.txt"
+MAX_WALK = 20_000  # directory entries looked at when searching a dump tree
+
+
+@dataclass
+class FusionContext:
+    graph: GeGraph | None = None
+    report: FusionReport | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return self.graph is None and self.report is None
+
+
+def _newest(paths: list[Path]) -> Path | None:
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:
+            return -1.0
+    return max(paths, key=mtime) if paths else None
+
+
+def discover(root: Path, limit: int = MAX_WALK) -> tuple[Path | None, Path | None]:
+    """The newest fusion report and GE build graph under ``root`` (symlinks not followed)."""
+    reports: list[Path] = []
+    graphs: list[Path] = []
+    seen = 0
+    base = root if root.is_dir() else root.parent
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames.sort()
+        for name in filenames:
+            seen += 1
+            if fnmatch(name, REPORT_GLOB):
+                reports.append(Path(dirpath) / name)
+            elif fnmatch(name, GRAPH_GLOB):
+                graphs.append(Path(dirpath) / name)
+        seen += len(dirnames)
+        if seen > limit:
+            break
+    return _newest(reports), _newest(graphs)
+
+
+def load_context(graph: str | None = None, reports: list[str] | None = None, root: Path | None = None,
+                 ) -> FusionContext:
+    """The given files, else those found under ``root``; unreadable ones are listed in ``errors``."""
+    ctx = FusionContext()
+    found_report = found_graph = None
+    if root is not None and (graph is None or not reports):
+        found_report, found_graph = discover(root)
+    graph_file = graph or (str(found_graph) if found_graph else None)
+    report_files = reports or ([str(found_report)] if found_report else [])
+    if graph_file:
+        try:
+            ctx.graph = read_graph_file(graph_file)
+        except (GraphFormatError, OSError) as exc:
+            ctx.errors.append(f"{graph_file}: {exc}")
+    if report_files:
+        try:
+            ctx.report = load_reports(report_files)
+        except (FusionReportError, OSError) as exc:
+            ctx.errors.append(str(exc))
+    return ctx
