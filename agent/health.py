@@ -52,3 +52,43 @@ class Health:
     def snapshot(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         with self._lock:
             return dict(self.counters), dict(self.errors), dict(self.gauges)
+
+
+class Heartbeat:
+    """One worker thread's progress: ``beat()`` whenever it gets something done; ``busy`` while
+    it has work. A worker that is busy and has not beaten for the stall timeout is stuck."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.last = time.monotonic()
+        self.last_wall = time.time()
+        self.busy = False
+        self.stalled_reported = False
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+        self.last_wall = time.time()
+
+    def working(self, busy: bool = True) -> None:
+        self.beat()
+        self.busy = busy
+
+    def stalled(self, timeout: float, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return self.busy and now - self.last > timeout
+
+
+_local = threading.local()
+
+
+def bind(hb: Heartbeat | None) -> None:
+    """Make ``hb`` the heartbeat that :func:`beat` feeds on the calling thread."""
+    _local.hb = hb
+
+
+def beat() -> None:
+    """Progress on the calling thread (a no-op where no heartbeat is bound): deep loops such as
+    the scanner's chunk reads call this, so a long but moving scan is not taken for a hang."""
+    hb = getattr(_local, "hb", None)
+    if hb is not None:
+        hb.beat()

@@ -20,6 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from ..health import beat
 from ..model import TensorStats
 from .cann import dump_dir_location, list_dump_dir, parse_dump_name
 from .mindspore import parse_npy_name, read_mindspore_npy_dir, read_statistic_csv
@@ -28,6 +29,7 @@ from .npy import read_npy, read_npz
 from .opdebug import find_overflow_ops
 from .scanner import scan_array
 from .types import DumpError, DumpTensor
+from .windows import scan_region
 
 if TYPE_CHECKING:  # the rules stack is imported where it is used: `compare` never needs it
     from ..rulefile import RuleSet
@@ -49,7 +51,8 @@ def _files(root: Path) -> Iterator[Path]:
 
 
 def _tree(path: Path) -> list[Path]:
-    return [path] if path.is_file() else list(_files(path))
+    # anything but a directory is one file: a FIFO or device is then refused by name, not walked
+    return list(_files(path)) if path.is_dir() else [path]
 
 
 def _cann_tensors(files: list[Path]) -> tuple[list[DumpTensor], list[tuple[str, str]]]:
@@ -144,13 +147,20 @@ def overflows(files: list[Path], tensors: list[DumpTensor], errors: list[tuple[s
     return out
 
 
-def statistics(t: DumpTensor, threads: int = 1) -> TensorStats:
-    """The tensor's statistics: given by the dump, or computed in one pass over its data."""
+def statistics(t: DumpTensor, threads: int = 1, drop_cache: bool = True) -> TensorStats:
+    """The tensor's statistics: given by the dump, or computed in one pass over its data (read in
+    bounded chunks where the data lies in a file: agent/dumps/windows.py; ``drop_cache``: drop
+    the pages read from the page cache)."""
     if t.load is None:
         if t.stats is None:
             raise DumpError(f"{t.path or t.name}: neither data nor statistics")
         return replace(t.stats, step=t.step, rank=t.rank, path=t.path)
-    s = scan_array(t.load(), dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads)
+    region = t.region() if t.region is not None else None
+    if region is not None:
+        s = scan_region(region, dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads,
+                        drop_cache=drop_cache)
+    else:
+        s = scan_array(t.load(), dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads)
     return replace(s, step=t.step, rank=t.rank, path=t.path)
 
 
@@ -180,8 +190,9 @@ def first_bad_op(tensors: list[DumpTensor], stats: list[TensorStats]) -> dict[st
 
 
 def scan_dump(path: Path, step: int | None = None, progress: Progress | None = None,
-              threads: int = 1) -> dict[str, Any]:
-    """Statistics, first bad op, overflows and unreadable files of one tree (no findings)."""
+              threads: int = 1, drop_cache: bool = True) -> dict[str, Any]:
+    """Statistics, first bad op, overflows and unreadable files of one tree (no findings).
+    ``drop_cache=False`` keeps the pages read in the page cache (a comparison reads them next)."""
     files = _tree(path)
     tensors, errors, layout = discover(path, files)
     found = overflows(files, tensors, errors) if layout == "cann" else []
@@ -192,10 +203,11 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
     stats: list[TensorStats] = []
     for i, t in enumerate(tensors):
         try:
-            stats.append(statistics(t, threads))
+            stats.append(statistics(t, threads, drop_cache))
             kept.append(t)
         except (DumpError, TypeError, ValueError, OSError) as exc:
             errors.append((t.path or t.name, str(exc)))
+        beat()
         if progress is not None:
             progress(i + 1, len(tensors))
     return {"path": str(path), "layout": layout, "tensors": [asdict(s) for s in stats],
