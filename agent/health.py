@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan", "compare", "http", "notify",
                "internal")
@@ -31,6 +32,25 @@ class Health:
                                          "config_restart_needed": 0.0}
         self.start_time = time.time()
         self.last_error: dict[str, str] = {}
+        # worker name -> a callable listing its heartbeats (a worker may run on several threads)
+        self.workers: dict[str, Callable[[], list[Heartbeat]]] = {}
+        self.stall_timeout = 30.0
+
+    def add_worker(self, name: str, beats: Callable[[], list["Heartbeat"]]) -> None:
+        self.workers[name] = beats
+
+    def worker_states(self, now: float | None = None) -> list[tuple[str, float, bool]]:
+        """(worker, last heartbeat in seconds since the epoch, stalled) per worker."""
+        now = time.monotonic() if now is None else now
+        out = []
+        for name, beats in self.workers.items():
+            hbs = beats()
+            last = max((hb.last_wall for hb in hbs), default=0.0)
+            out.append((name, last, any(hb.stalled(self.stall_timeout, now) for hb in hbs)))
+        return out
+
+    def stalled_workers(self) -> list[str]:
+        return [name for name, _, stalled in self.worker_states() if stalled]
 
     def inc(self, name: str, amount: float = 1.0) -> None:
         with self._lock:
@@ -54,16 +74,21 @@ class Health:
             return dict(self.counters), dict(self.errors), dict(self.gauges)
 
 
+class Cancelled(Exception):
+    """Raised by :func:`beat` in a thread whose heartbeat was cancelled (the agent is stopping)."""
+
+
 class Heartbeat:
     """One worker thread's progress: ``beat()`` whenever it gets something done; ``busy`` while
     it has work. A worker that is busy and has not beaten for the stall timeout is stuck."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, busy: bool = False) -> None:
         self.name = name
         self.last = time.monotonic()
         self.last_wall = time.time()
-        self.busy = False
-        self.stalled_reported = False
+        self.busy = busy
+        self.cancelled = False
+        self.what = ""            # what the worker is busy with (for the stall's log line)
 
     def beat(self) -> None:
         self.last = time.monotonic()
@@ -91,4 +116,6 @@ def beat() -> None:
     the scanner's chunk reads call this, so a long but moving scan is not taken for a hang."""
     hb = getattr(_local, "hb", None)
     if hb is not None:
+        if hb.cancelled:
+            raise Cancelled(hb.name)
         hb.beat()

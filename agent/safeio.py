@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 import stat
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 import numpy as np
 
-__all__ = ["NotRegularFile", "file_kind", "memmap_regular", "open_regular", "open_regular_file"]
+__all__ = ["NotRegularFile", "file_kind", "mapped_pages", "memmap_regular", "open_regular", "open_regular_file"]
 
 
 class NotRegularFile(OSError):
@@ -78,3 +79,35 @@ def memmap_regular(path: str | os.PathLike, dtype: Any, offset: int, count: int)
     """A read-only memory map of ``count`` elements at ``offset`` of a regular file."""
     with open_regular_file(path) as fh:
         return np.memmap(fh, dtype=dtype, mode="r", offset=offset, shape=(count,))
+
+
+def mapped_pages(a: np.ndarray) -> "Callable[[int, int], None] | None":
+    """For a contiguous view into a file memory map (``np.memmap`` or a view of one): a function
+    ``release(start, end)`` that drops the whole pages of bytes ``start..end`` of ``a`` from the
+    process's RSS (``madvise(MADV_DONTNEED)``; they stay in the page cache and fault back in if
+    read again). None for anything else."""
+    if not hasattr(mmap, "MADV_DONTNEED") or not a.flags.c_contiguous:
+        return None
+    b: Any = a
+    mm = None
+    while b is not None and mm is None:
+        mm = getattr(b, "_mmap", None)
+        b = getattr(b, "base", None)
+    if not isinstance(mm, mmap.mmap):
+        return None
+    try:
+        base = np.frombuffer(mm, dtype=np.uint8, count=1).ctypes.data
+    except (ValueError, TypeError, BufferError):  # closed or empty map
+        return None
+    delta = a.ctypes.data - base
+    size = len(mm)
+
+    def release(start: int, end: int) -> None:
+        lo = -(-(delta + start) // mmap.PAGESIZE) * mmap.PAGESIZE   # whole pages inside only
+        hi = min(size, (delta + end) // mmap.PAGESIZE * mmap.PAGESIZE)
+        if hi > lo:
+            try:
+                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            except (OSError, ValueError):  # pragma: no cover - advisory only
+                pass
+    return release

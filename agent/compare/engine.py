@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..dumps.scan import statistics
+from ..health import beat
 from ..dumps.types import DumpError, DumpTensor
 from ..model import TensorStats
 from .metrics import StatsDiff, TensorDiff, compare_arrays, compare_stats
@@ -157,6 +158,7 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     n = len(pairing.pairs)
     for i, pair in enumerate(pairing.pairs):
         res.rows.append(compare_pair(i, pair, preset, rerun))
+        beat()
         if progress is not None:
             progress(i + 1, n)
     judged = [r.judged() for r in res.rows]

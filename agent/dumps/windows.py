@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+import zlib
 from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
@@ -125,9 +126,7 @@ def _zip_blocks(reg: ZipRegion, n: int, work: np.dtype, swap: bool, drop_cache: 
             raise
         except (zipfile.BadZipFile, EOFError, ValueError, RuntimeError, KeyError) as exc:
             raise DumpError(f"{reg.path}:{reg.member}: cannot inflate: {exc}") from None
-        except OSError:
-            raise
-        except Exception as exc:  # zlib.error
+        except zlib.error as exc:
             raise DumpError(f"{reg.path}:{reg.member}: corrupt member: {exc}") from None
         if drop_cache:
             _drop(fh.fileno(), 0, 0)  # the whole (compressed) file: it is small next to its tensor
