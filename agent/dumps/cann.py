@@ -247,8 +247,8 @@ def list_dump_files(directory: str, mapping: dict[str, str] | None = None,
     for entry in sorted(os.listdir(directory)):
         path = os.path.join(directory, entry)
         meta = parse_dump_name(mapping.get(entry, entry))
-        if meta is None or not os.path.isfile(path):
-            continue
+        if meta is None or os.path.isdir(path) or not os.path.exists(path):
+            continue  # a FIFO or device under a dump name is kept: reading it reports it, never blocks
         key = os.path.realpath(path)
         if key not in found or os.path.islink(found[key][0]):
             found[key] = (path, meta)

@@ -125,18 +125,18 @@ class _ZipFile(zipfile.ZipFile):
     """A zip opened through :func:`open_regular_file` (a FIFO never blocks), closing it with itself."""
 
     def __init__(self, path: str) -> None:
-        self._own = open_regular_file(path)
-        try:
-            super().__init__(self._own)
-        except BaseException:
-            self._own.close()
-            raise
+        self._own = None
+        fh = open_regular_file(path)
+        self._own = fh
+        super().__init__(fh)
 
     def close(self) -> None:
         try:
-            super().close()
+            if hasattr(self, "filelist"):  # fully initialised
+                super().close()
         finally:
-            self._own.close()
+            if self._own is not None:
+                self._own.close()
 
 
 def check_member(path: str, info: zipfile.ZipInfo) -> None:
