@@ -30,9 +30,8 @@ from test_dump_readers import tensor_pickle, write_msprobe
 from precision_agent.dumps.npy import read_npz
 from precision_agent.dumps.scan import scan_dump
 from precision_agent.dumps.torchzip import read_pt
-from precision_agent.dumps.types import LIMITS, DumpError
+from precision_agent.dumps.types import DumpError
 from precision_agent.readers.tailer import LogTailer
-from precision_agent.safeio import NotRegularFile, open_regular, open_regular_file
 
 CLI_DEADLINE = 60.0
 
@@ -83,6 +82,7 @@ def sparse_npy(path: Path, nbytes: int, dtype: str = "<f4") -> Path:
 
 
 def test_open_regular_refuses_special_files_without_blocking(tmp_path):
+    from precision_agent.safeio import NotRegularFile, open_regular, open_regular_file
     fifo = tmp_path / "x.npy"
     os.mkfifo(fifo)
     with pytest.raises(NotRegularFile, match="FIFO"):
@@ -308,6 +308,7 @@ def test_scanning_a_decompression_bomb_keeps_rss_bounded(tmp_path, kind):
 
 
 def test_in_memory_inflation_is_refused_beyond_the_limit_before_inflating(tmp_path, monkeypatch):
+    from precision_agent.dumps.types import LIMITS
     monkeypatch.setattr(LIMITS, "max_decompressed_bytes", 16 << 20)
     t = read_pt(pt_bomb(tmp_path / "b.pt", 64 << 20))
     with pytest.raises(DumpError, match="max_decompressed_bytes"):
