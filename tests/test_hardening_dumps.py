@@ -151,12 +151,19 @@ def test_compare_cli_with_fifos_on_both_sides_does_not_block(tmp_path):
 def test_log_tailer_refuses_a_fifo_instead_of_blocking(tmp_path):
     fifo = tmp_path / "train.log"
     os.mkfifo(fifo)
-    tailer = LogTailer(str(fifo))
     done = threading.Event()
-    threading.Thread(target=lambda: (tailer.read(), done.set()), daemon=True).start()
+    events: list = []
+
+    def follow() -> None:
+        tailer = LogTailer(str(fifo))
+        tailer.read()
+        events.extend(tailer.drain_events())
+        done.set()
+
+    threading.Thread(target=follow, daemon=True).start()
     try:
         assert done.wait(10), "reading a FIFO named *.log blocked"
-        assert any("not a regular file" in msg for _, msg in tailer.drain_events())
+        assert any("not a regular file" in msg for _, msg in events)
     finally:
         if not done.is_set():  # an old build is stuck opening the FIFO: a writer releases it
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
