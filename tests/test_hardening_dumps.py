@@ -36,29 +36,37 @@ from precision_agent.readers.tailer import LogTailer
 CLI_DEADLINE = 60.0
 
 
+# The command runs under a small launcher: Linux carries a forked child's pre-exec memory
+# high-water mark into its ru_maxrss, so a child forked from pytest itself would report pytest's.
+LAUNCH = r"""
+import json, os, subprocess, sys
+out, err, res, cmd = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+with open(out, "wb") as o, open(err, "wb") as e:
+    p = subprocess.Popen(cmd, stdout=o, stderr=e, stdin=subprocess.DEVNULL)
+    _, status, usage = os.wait4(p.pid, 0)
+with open(res, "w") as f:
+    json.dump({"rc": os.waitstatus_to_exitcode(status), "maxrss": usage.ru_maxrss * 1024}, f)
+"""
+
+
 def cli(*args: str, timeout: float = CLI_DEADLINE) -> tuple[int, str, int]:
     """(exit status, stdout, peak RSS in bytes) of ``precision-agent ARGS`` in a subprocess."""
     base = Path(os.environ.get("TMPDIR", "/tmp")) / f"pa-cli-{os.getpid()}-{threading.get_ident()}"
-    out_path, err_path = base.with_suffix(".out"), base.with_suffix(".err")
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        p = subprocess.Popen([sys.executable, "-m", "precision_agent", *args], stdout=out, stderr=err,
-                             stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                p.kill()
-                p.wait()
-                raise AssertionError(f"precision-agent {' '.join(args)} did not finish in {timeout}s")
-            time.sleep(0.02)
-        p.returncode = os.waitstatus_to_exitcode(status)
+    out_path, err_path, res_path = (base.with_suffix(s) for s in (".out", ".err", ".json"))
+    p = subprocess.Popen([sys.executable, "-c", LAUNCH, str(out_path), str(err_path), str(res_path),
+                          sys.executable, "-m", "precision_agent", *args], start_new_session=True)
+    try:
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)   # the launcher and the command it runs
+        p.wait()
+        raise AssertionError(f"precision-agent {' '.join(args)} did not finish in {timeout}s") from None
+    res = json.loads(res_path.read_text())
     text, errors = out_path.read_text(errors="replace"), err_path.read_text(errors="replace")
-    out_path.unlink()
-    err_path.unlink()
+    for f in (out_path, err_path, res_path):
+        f.unlink()
     assert "Traceback" not in errors and "Exception ignored" not in errors, errors
-    return p.returncode, text, usage.ru_maxrss * 1024
+    return res["rc"], text, res["maxrss"]
 
 
 def nan_npy(path: Path) -> Path:
@@ -169,9 +177,10 @@ def test_log_tailer_refuses_a_fifo_instead_of_blocking(tmp_path):
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
-def _dump_agent(tmp_path: Path, dumps: Path, stall: str = "30s") -> AgentProcess:
+def _dump_agent(tmp_path: Path, dumps: Path, stall: str | None = None) -> AgentProcess:
     cfg = tmp_path / "config.yml"
-    cfg.write_text(f"dump_settle: 0.3s\nevaluation_interval: 0.2s\nlimits:\n  worker_stall_timeout: {stall}\n")
+    cfg.write_text("dump_settle: 0.3s\nevaluation_interval: 0.2s\n"
+                   + (f"limits:\n  worker_stall_timeout: {stall}\n" if stall else ""))
     return AgentProcess(tmp_path / "nolog", tmp_path / "state", "--config", str(cfg), "--watch", f"dump:{dumps}")
 
 
