@@ -402,3 +402,20 @@ def test_region_scan_equals_the_whole_array_scan(tmp_path):
             want = asdict(scan_array(arr, threads=threads, block_elems=4099))
             assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True), name
         assert t["count"] == arr.size
+
+
+def test_pages_are_kept_only_for_trees_a_comparison_reads(tmp_path):
+    """The scan thread drops the pages it read from the page cache, except in trees that a
+    comparison reads right after (a watch with compare:, or a benchmark tree)."""
+    from precision_agent.config import Config
+    from precision_agent.dumpflow import DumpFlow
+    from precision_agent.health import Health
+    for d in ("cmp", "plain", "bench"):
+        (tmp_path / d / "step1").mkdir(parents=True)
+    cfg = Config(state_dir=tmp_path / "state", watches=[
+        {"path": tmp_path / "cmp", "kind": "dump", "compare": {"against": tmp_path / "bench"}},
+        {"path": tmp_path / "plain", "kind": "dump"}])
+    flow = DumpFlow(cfg, Health(), None, None, None)  # type: ignore[arg-type]
+    assert flow.keep_cache(str(tmp_path / "cmp" / "step1"))
+    assert flow.keep_cache(str(tmp_path / "bench" / "step1"))
+    assert not flow.keep_cache(str(tmp_path / "plain" / "step1"))
