@@ -197,6 +197,11 @@ class Limits(_Strict):
     max_open_files: int = Field(256, ge=4)
     nice: int = Field(10, ge=0, le=19)
     io_idle: bool = True
+    # a deflated tensor (.npz member, torch.save storage) is inflated into memory (compare,
+    # watchpoints) only up to this size; scans stream any size through a bounded buffer
+    max_decompressed_bytes: Size = Field(128 << 20, ge=1 << 20)
+    # a worker busy without progress for this long is stalled: /-/ready 503, no WATCHDOG=1
+    worker_stall_timeout: Duration = Field(30.0, gt=0)
 
 
 class HttpSettings(_Strict):

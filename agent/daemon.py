@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from . import __version__
 from .alerts import Transition
 from .config import Config, ConfigError, Watch, split_listen
-from .health import Health
+from .health import Health, Heartbeat, bind
 from .model import AlertState
 from .notify import sd_notify, watchdog_interval
 from .pipeline import Pipeline
@@ -59,6 +59,7 @@ class Agent:
         self.config = config
         self.reread = reread
         self.health = Health()
+        self.health.stall_timeout = config.limits.worker_stall_timeout
         self.on_transition = on_transition
         self.queue = ChangeQueue(config.limits.queue_size)
         self.stop_event = threading.Event()
@@ -79,7 +80,11 @@ class Agent:
         self._refused: set[str] = set()  # files not followed because of limits.max_files
         self._gone: set[str] = set()      # deleted files still read through their open descriptor
         self._expired: list = []          # series to delete at the next commit
-        self.heartbeat = time.monotonic()
+        # the main worker always has work (its loop runs every evaluation_interval at least)
+        self.work_beat = Heartbeat("worker", busy=True)
+        self.health.add_worker("worker", lambda: [self.work_beat])
+        self.health.add_worker("dump-scan", self.dumps.heartbeats)
+        self._stalled: set[str] = set()   # workers whose stall was reported
         self._worker: threading.Thread | None = None
         self.scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": 30})
@@ -96,7 +101,7 @@ class Agent:
                               h.max_header_bytes)
         self.http = HttpExporter(host, port, self.registry, lambda: alerts_json(self.pipeline),
                                  lambda: status_json(self),
-                                 lambda: bool(self.health.gauges["ready"]),
+                                 self.is_ready,
                                  {"/api/v1/compare": self.dump_book.results}, limits, web)
         self.registry.register(HttpCollector(self.http))
         self.alertmanager: AlertmanagerPusher | None = None
@@ -121,6 +126,8 @@ class Agent:
         self.watcher.start()
         self.scheduler.add_job(self.queue.request_resync, "interval", seconds=self.config.resync_interval,
                                id="resync")
+        self.scheduler.add_job(self._check_workers, "interval",
+                               seconds=max(0.2, min(5.0, self.health.stall_timeout / 4)), id="stall-check")
         ping = watchdog_interval()
         if ping:
             self.scheduler.add_job(self._watchdog_ping, "interval", seconds=ping, id="watchdog")
@@ -159,7 +166,7 @@ class Agent:
             self._worker.join(timeout=30)
         if self.alertmanager is not None:
             self.alertmanager.stop()
-        self.dumps.stop()
+        self.dumps.stop(timeout=5)  # a scan in progress is cancelled at its next chunk
         self.watcher.stop()
         self.http.stop()
         for s in self.streams.values():
@@ -176,21 +183,42 @@ class Agent:
     def _on_overflow(self) -> None:
         self.queue.request_resync()
 
+    def is_ready(self) -> bool:
+        """/-/ready: watching, and no worker stalled (busy without progress for the stall timeout)."""
+        return bool(self.health.gauges["ready"]) and not self.health.stalled_workers()
+
     def _watchdog_ping(self) -> None:
-        # Only claim liveness when the worker is really making progress.
-        if time.monotonic() - self.heartbeat < max(30.0, 3 * self.config.evaluation_interval):
+        # Only claim liveness when every worker is really making progress.
+        if not self.health.stalled_workers():
             sd_notify("WATCHDOG=1")
+
+    def _check_workers(self) -> None:
+        """Scheduler thread: report a stalled worker once per stall, and let a fresh scan thread
+        take over the dump queue from a stuck one (its own error line)."""
+        self.dumps.check_stalled(self.health.stall_timeout)
+        stalled = set(self.health.stalled_workers())
+        for name in sorted(stalled - self._stalled):
+            if name == "worker":
+                self.health.error("internal", "worker: no progress for %.0f s; /-/ready says 503 and the "
+                                  "systemd watchdog is no longer fed", self.health.stall_timeout)
+            else:
+                log.error("%s: stalled (no progress for %.0f s); /-/ready says 503 and the systemd watchdog is "
+                          "no longer fed until it moves again", name, self.health.stall_timeout)
+        for name in sorted(self._stalled - stalled):
+            log.warning("%s: making progress again", name)
+        self._stalled = stalled
 
     # -- the worker ----------------------------------------------------------------------------
     def _work(self) -> None:
         # Ready as soon as the watches are set up and the worker runs: catching up on a large
         # backlog can take minutes, and systemd must not time the start out meanwhile (the
         # progress is visible in precision_agent_log_lines_read_total).
+        bind(self.work_beat)
         self.health.set("ready", 1)
         sd_notify(f"READY=1\nSTATUS=watching {len(self.config.watches)} path(s)")
         while not self.stop_event.is_set():
             batch = self.queue.get(self.config.evaluation_interval, self.config.debounce)
-            self.heartbeat = time.monotonic()
+            self.work_beat.beat()
             try:
                 if batch.reload_rules:
                     self.check_config()
@@ -261,7 +289,7 @@ class Agent:
         for path in paths:
             if self.stop_event.is_set():
                 break
-            self.heartbeat = time.monotonic()  # a long catch-up pass is progress, not a hang
+            self.work_beat.beat()  # a long catch-up pass is progress, not a hang
             if path not in self.streams and (w := watch_for(self.config.watches, path)) is not None \
                     and w.kind == "dump":
                 self.dumps.touched(path)

@@ -16,6 +16,7 @@ from pathlib import Path
 from .compare.live import DumpWork, after_scan, compare_sample
 from .config import Config, Watch
 from .dumps.schedule import DumpScheduler, ScanResult, labelled
+from .dumps.types import LIMITS
 from .exporters.dumps import DumpBook
 from .health import Health
 from .model import make_labels
@@ -28,7 +29,23 @@ class DumpFlow:
     def __init__(self, config: Config, health: Health, pipeline: Pipeline, store: StateStore,
                  book: DumpBook) -> None:
         self.config, self.health, self.pipeline, self.store, self.book = config, health, pipeline, store, book
-        self.scheduler = DumpScheduler(config.dump_settle, 64, {}, self.after_scan)
+        self.scheduler = DumpScheduler(config.dump_settle, 64, {}, self.after_scan, self.keep_cache,
+                                       lambda msg: health.error("scan", "%s", msg))
+        LIMITS.max_decompressed_bytes = config.limits.max_decompressed_bytes
+
+    def keep_cache(self, unit: str) -> bool:
+        """Scan thread: keep a unit's pages in the page cache when a comparison will read them
+        next (its watch compares it, or it lies under some watch's benchmark tree)."""
+        watch = self._watch(unit)
+        if watch is not None and watch.compare is not None:
+            return True
+        u = os.path.abspath(unit)
+        for w in self.config.watches:
+            if w.compare is not None:
+                against = os.path.abspath(w.compare.against)
+                if u == against or u.startswith(against + os.sep):
+                    return True
+        return False
 
     def _watch(self, unit: str) -> Watch | None:
         return watch_for(self.config.watches, os.path.join(unit, "x")) or watch_for(self.config.watches, unit)

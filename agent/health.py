@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan", "compare", "http", "notify",
                "internal")
@@ -31,6 +32,25 @@ class Health:
                                          "config_restart_needed": 0.0}
         self.start_time = time.time()
         self.last_error: dict[str, str] = {}
+        # worker name -> a callable listing its heartbeats (a worker may run on several threads)
+        self.workers: dict[str, Callable[[], list[Heartbeat]]] = {}
+        self.stall_timeout = 30.0
+
+    def add_worker(self, name: str, beats: Callable[[], list["Heartbeat"]]) -> None:
+        self.workers[name] = beats
+
+    def worker_states(self, now: float | None = None) -> list[tuple[str, float, bool]]:
+        """(worker, last heartbeat in seconds since the epoch, stalled) per worker."""
+        now = time.monotonic() if now is None else now
+        out = []
+        for name, beats in self.workers.items():
+            hbs = beats()
+            last = max((hb.last_wall for hb in hbs), default=0.0)
+            out.append((name, last, any(hb.stalled(self.stall_timeout, now) for hb in hbs)))
+        return out
+
+    def stalled_workers(self) -> list[str]:
+        return [name for name, _, stalled in self.worker_states() if stalled]
 
     def inc(self, name: str, amount: float = 1.0) -> None:
         with self._lock:
@@ -52,3 +72,50 @@ class Health:
     def snapshot(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         with self._lock:
             return dict(self.counters), dict(self.errors), dict(self.gauges)
+
+
+class Cancelled(Exception):
+    """Raised by :func:`beat` in a thread whose heartbeat was cancelled (the agent is stopping)."""
+
+
+class Heartbeat:
+    """One worker thread's progress: ``beat()`` whenever it gets something done; ``busy`` while
+    it has work. A worker that is busy and has not beaten for the stall timeout is stuck."""
+
+    def __init__(self, name: str, busy: bool = False) -> None:
+        self.name = name
+        self.last = time.monotonic()
+        self.last_wall = time.time()
+        self.busy = busy
+        self.cancelled = False
+        self.what = ""            # what the worker is busy with (for the stall's log line)
+
+    def beat(self) -> None:
+        self.last = time.monotonic()
+        self.last_wall = time.time()
+
+    def working(self, busy: bool = True) -> None:
+        self.beat()
+        self.busy = busy
+
+    def stalled(self, timeout: float, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return self.busy and now - self.last > timeout
+
+
+_local = threading.local()
+
+
+def bind(hb: Heartbeat | None) -> None:
+    """Make ``hb`` the heartbeat that :func:`beat` feeds on the calling thread."""
+    _local.hb = hb
+
+
+def beat() -> None:
+    """Progress on the calling thread (a no-op where no heartbeat is bound): deep loops such as
+    the scanner's chunk reads call this, so a long but moving scan is not taken for a hang."""
+    hb = getattr(_local, "hb", None)
+    if hb is not None:
+        if hb.cancelled:
+            raise Cancelled(hb.name)
+        hb.beat()

@@ -1,7 +1,9 @@
 """Dump-scanner throughput and memory: ``scan_array`` over a 1 GiB fp32 array against numpy's
 ``a.sum()`` over the same array (goal ratio >= 0.5), fp16 and bf16 (raw uint16 words) in bytes/s
 against the same fp32 ``a.sum()`` bandwidth (goal >= 0.25), and the peak RSS of a subprocess
-scanning a 4 GiB .npy file through ``scan_file_npy`` (goal < 300 MB). A naive
+scanning a 4 GiB .npy file through ``scan_file_npy`` and through the real ``precision-agent scan``
+command (its VmHWM sampled from /proc/<pid>/status while it runs, and its ``wait4`` maximum RSS at
+exit), on the written file and on a sparse one of the same size (goal < 300 MB). A naive
 isnan/isinf/min/max/mean sequence is reported for context. Everything is measured in one run:
 the scanner with one thread (the agent's default, the headline) and with ``--threads`` workers,
 each best of N with all measurements interleaved. The headline runs the kernel that
@@ -72,6 +74,52 @@ def _rss_child(path: Path, block: int) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# Runs a command and reports its peak RSS. The command is forked from this small launcher, not
+# from the bench: Linux carries the pre-exec memory high-water mark of a forked child into its
+# ``ru_maxrss``, and a fork of the bench (GiBs of arrays) would report the bench's RSS.
+_LAUNCH = r"""
+import json, os, subprocess, sys, time
+out, cmd = sys.argv[1], sys.argv[2:]
+p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+hwm, t = 0, time.perf_counter()
+while True:
+    try:
+        with open(f"/proc/{p.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    hwm = max(hwm, int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+    if pid:
+        break
+    time.sleep(0.005)
+with open(out, "w") as f:
+    json.dump({"scan_s": time.perf_counter() - t, "hwm_sampled_bytes": hwm,
+               "peak_rss_bytes": max(hwm, usage.ru_maxrss * 1024), "exit": os.waitstatus_to_exitcode(status)}, f)
+"""
+
+
+def _cli_rss(path: Path) -> dict[str, Any]:
+    """Peak RSS of ``precision-agent scan PATH --json`` as ``ps`` sees it: VmHWM sampled from
+    /proc/<pid>/status while it runs, and the kernel's maximum RSS of the child at exit."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = path.with_suffix(".rss.json")
+    subprocess.run([sys.executable, "-c", _LAUNCH, str(out), sys.executable, "-m", "precision_agent", "scan",
+                    str(path), "--json"], env=env, check=True, timeout=1800)
+    res = json.loads(out.read_text())
+    out.unlink()
+    return res
+
+
+def _sparse_npy(path: Path, nbytes: int) -> None:
+    with open(path, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False, "shape": (nbytes // 4,)})
+        fh.truncate(fh.tell() + nbytes)
+
+
 def _timed(fns: dict[str, Any], repeat: int) -> tuple[dict[str, float], dict[str, float]]:
     """Best wall time and best CPU time (this process, all threads) of each function, the
     functions interleaved round by round so that a busy moment on a shared machine hits all of
@@ -129,6 +177,10 @@ def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int 
         _write_npy(path, file_mib * (1 << 20))
         fsize = path.stat().st_size
         child = _rss_child(path, block)
+        cli = _cli_rss(path)
+        path.unlink()
+        _sparse_npy(path, file_mib * (1 << 20))
+        cli_sparse = _cli_rss(path)
     peak_mb = child["hwm_bytes"] / common.MB
     ratios = _ratios(wall, n)
     np_suffix = "_np" if "f32_np" in wall else ""
@@ -144,6 +196,9 @@ def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int 
         "sum_s": wall["sum"], "sum_gb_per_s": n * 4 / wall["sum"] / 1e9,
         "scan_f32_s": wall["f32"], "scan_f16_s": wall["f16"], "scan_bf16_s": wall["bf16"], "naive_f32_s": t_naive,
         "file_scan_s": child["scan_s"], "peak_rss_bytes": child["hwm_bytes"], "peak_rss_mb": peak_mb,
+        # the real command, as a user or the daemon's scan thread reads a dump (goal < 300 MB)
+        "cli": {"written": {**cli, "peak_rss_mb": cli["peak_rss_bytes"] / common.MB},
+                "sparse": {**cli_sparse, "peak_rss_mb": cli_sparse["peak_rss_bytes"] / common.MB}},
         "ratios": ratios,
         # the same with ``threads`` workers (wall time), and single-thread ratios of CPU time
         # (insensitive to other processes taking the core away, not to their cache traffic)
@@ -179,6 +234,9 @@ def report(res: dict[str, Any]) -> str:
         line("bf16 bytes/s / fp32 a.sum() bytes/s", "bf16_bytes_to_sum", GOAL_HALF_BYTES_RATIO),
         f"  scan_file_npy of a {p['file_bytes'] / 1e9:.2f} GB .npy in a subprocess: {res['file_scan_s']:.2f} s, "
         f"peak RSS {common.ratio_text(res['peak_rss_mb'], GOAL_PEAK_RSS_MB, ' MB')}",
+        *(f"  precision-agent scan of the {what} {p['file_bytes'] / 1e9:.2f} GB .npy: {c['scan_s']:.2f} s, "
+          f"peak RSS {common.ratio_text(c['peak_rss_mb'], GOAL_PEAK_RSS_MB, ' MB')}"
+          for what, c in res.get("cli", {}).items()),
     ])
 
 

@@ -111,6 +111,16 @@ class AgentCollector(Collector):
             c.add_metric(["success"], counters[f"{what}_reloads_success"])
             c.add_metric(["failure"], counters[f"{what}_reloads_failure"])
             yield c
+        stalled = GaugeMetricFamily(P + "worker_stalled", "1 while a worker thread is busy without progress "
+                                    "for limits.worker_stall_timeout (then /-/ready is 503 and the systemd "
+                                    "watchdog is not fed).", labels=["worker"])
+        last = GaugeMetricFamily(P + "worker_heartbeat_timestamp_seconds", "When a worker thread last made "
+                                 "progress, seconds since epoch.", labels=["worker"])
+        for name, when, is_stalled in self.health.worker_states():
+            stalled.add_metric([name], 1.0 if is_stalled else 0.0)
+            last.add_metric([name], when)
+        yield stalled
+        yield last
         c = CounterMetricFamily(P + "errors", "Errors by kind; each also has a log line.", labels=["kind"])
         for kind, v in errors.items():
             c.add_metric([kind], v)

@@ -16,7 +16,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ..health import beat
+from ..safeio import mapped_pages
+
 Range = tuple[float, float]
+_RELEASE_BYTES = 32 << 20   # mapped pages dropped from the RSS about this often
 
 RATIO_THRESHOLDS: tuple[float, float] = (0.001, 0.005)
 EPS = float(np.finfo(float).eps)
@@ -109,11 +113,22 @@ def _widen(side: Side, raw: np.ndarray, out: np.ndarray, sc: Scratch) -> None:
 
 
 def pairs(x: np.ndarray, y: np.ndarray, n: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Aligned 1-D chunks (offset, x chunk, y chunk) of at most n elements, in C order."""
+    """Aligned 1-D chunks (offset, x chunk, y chunk) of at most n elements, in C order. Pages of
+    a memory-mapped side are dropped from the RSS behind the pass (``mapped_pages``), so
+    comparing a tensor of any size keeps the RSS bounded."""
     if x.flags.c_contiguous and y.flags.c_contiguous:
         fx, fy = x.reshape(-1), y.reshape(-1)
+        rel = [(r, f.itemsize) for f in (fx, fy) if (r := mapped_pages(f)) is not None]
+        done = 0
         for i in range(0, fx.size, n):
             yield i, fx[i:i + n], fy[i:i + n]
+            if rel and (i + n - done) * fx.itemsize >= _RELEASE_BYTES:
+                for r, isz in rel:
+                    r(done * isz, (i + n) * isz)
+                done = i + n
+                beat()
+        for r, isz in rel:
+            r(done * isz, fx.size * isz)
         return
     it = np.nditer([x, y], flags=["external_loop", "buffered", "zerosize_ok"],
                    op_flags=[["readonly"], ["readonly"]], order="C", buffersize=n)

@@ -21,6 +21,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..safeio import mapped_pages
+
 from .blocks import (Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, general_block, pairs,
                      same_bytes)
 
@@ -287,11 +289,17 @@ def _with_totals(t: tuple, tot: tuple[float, float] | None) -> tuple:
     return t if tot is None else (tot[0] - t[4], tot[1] - t[5], *t[2:])
 
 
+WHOLE_MAPPED_BYTES = 64 << 20   # mapped tensors above this take the per-block path (bounded RSS)
+
+
 def _whole(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Both tensors flat, when the kernel can loop over their blocks itself (C order, aligned,
-    native): the common case; a zip member's misaligned data keeps the per-block path."""
+    native): the common case; a zip member's misaligned data keeps the per-block path, and so
+    do large memory-mapped tensors, whose pages the per-block path drops from the RSS as it goes."""
     if x.flags.c_contiguous and y.flags.c_contiguous and x.flags.aligned and y.flags.aligned \
             and x.dtype.isnative and y.dtype.isnative:
+        if max(x.nbytes, y.nbytes) > WHOLE_MAPPED_BYTES and (mapped_pages(x) or mapped_pages(y)):
+            return None
         return x.reshape(-1), y.reshape(-1)
     return None
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..dumps.scan import inf_extremes, statistics, tensor_bytes
+from ..health import beat
 from ..dumps.types import DumpError, DumpTensor
 from ..model import TensorStats
 from .metrics import StatsDiff, TensorDiff, compare_arrays, compare_stats
@@ -159,6 +160,7 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     total, done = sum(weights), 0
     for i, pair in enumerate(pairing.pairs):
         res.rows.append(compare_pair(i, pair, preset, rerun))
+        beat()
         if progress is not None:
             done += weights[i]
             progress(done, total, i + 1, n)

@@ -20,7 +20,8 @@ from typing import Any, Callable
 import numpy as np
 
 from .protobuf import decode_dump_data
-from .types import DumpError, DumpTensor
+from ..safeio import memmap_regular, open_regular_file
+from .types import DumpError, DumpTensor, FileRegion
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def dump_dir_location(directory: str) -> tuple[int | None, int | None]:
 def read_mapping_csv(path: str) -> dict[str, str]:
     """``mapping.csv`` rows ``short_name,original_name`` -> {short: original}; bad rows skipped."""
     out: dict[str, str] = {}
-    with open(path, newline="", encoding="utf-8", errors="replace") as fh:
+    with open_regular_file(path, "r", newline="", encoding="utf-8", errors="replace") as fh:
         for row in csv.reader(fh):
             if len(row) >= 2 and row[0].strip() and row[1].strip():
                 out[os.path.basename(row[0].strip())] = os.path.basename(row[1].strip())
@@ -126,7 +127,7 @@ def read_container(path: str) -> tuple[dict[str, Any], list[tuple[str, int, dict
     buffer, space. Raises DumpError when the sizes do not add up to the file size exactly.
     """
     try:
-        with open(path, "rb") as fh:
+        with open_regular_file(path) as fh:
             size = os.fstat(fh.fileno()).st_size
             if size <= 8:
                 raise DumpError(f"{path}: {size} bytes, too short for a dump file")
@@ -159,7 +160,10 @@ def _loader(path: str, np_dtype: str, offset: int, count: int) -> Callable[[], n
     def load() -> np.ndarray:
         if count == 0:
             return np.empty(0, dtype=np_dtype)
-        return np.memmap(path, dtype=np_dtype, mode="r", offset=offset, shape=(count,))
+        try:
+            return memmap_regular(path, np_dtype, offset, count)
+        except (OSError, ValueError) as exc:
+            raise DumpError(f"{path}: cannot map: {exc}") from None
     return load
 
 
@@ -197,13 +201,15 @@ def read_cann_dump_ex(path: str, mapping: dict[str, str] | None = None, order: i
         shape = tuple(int(d) for d in orig) if orig else device_shape
         load = _loader(path, np_dtype, offset, count)
         padded = False
+        loaded_shape: tuple[int, ...] = (count,)
         if fmt in HOST_FORMATS and math.prod(shape) == count and len(shape) <= 32:
-            load = _shaped(load, shape)
+            load, loaded_shape = _shaped(load, shape), shape
         elif fmt in HOST_FORMATS and device_shape and math.prod(device_shape) == count \
                 and len(device_shape) <= 32:
-            load = _shaped(load, device_shape)
+            load, loaded_shape = _shaped(load, device_shape), device_shape
         else:
             padded = fmt not in HOST_FORMATS and math.prod(shape) != count
+        region = FileRegion(path, offset, np.dtype(np_dtype), count, loaded_shape)
         extra = {"format": FORMATS.get(fmt, str(fmt)), "device_shape": device_shape,
                  "padded": padded, "nbytes": nbytes, "offset": offset,
                  "proto_op_name": msg.get("op_name", "")}
@@ -214,7 +220,7 @@ def read_cann_dump_ex(path: str, mapping: dict[str, str] | None = None, order: i
         tensors.append(DumpTensor(
             name=meta.get("op_name") or msg.get("op_name") or base, io=kind, index=idx,
             dtype=dname, shape=shape, order=order, path=path, op_type=meta.get("op_type", ""),
-            load=load, extra=extra))
+            load=load, extra=extra, region=lambda r=region: r))
     return tensors, skipped
 
 
@@ -241,8 +247,8 @@ def list_dump_files(directory: str, mapping: dict[str, str] | None = None,
     for entry in sorted(os.listdir(directory)):
         path = os.path.join(directory, entry)
         meta = parse_dump_name(mapping.get(entry, entry))
-        if meta is None or not os.path.isfile(path):
-            continue
+        if meta is None or os.path.isdir(path) or not os.path.exists(path):
+            continue  # a FIFO or device under a dump name is kept: reading it reports it, never blocks
         key = os.path.realpath(path)
         if key not in found or os.path.islink(found[key][0]):
             found[key] = (path, meta)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..model import TensorStats
 from .npy import read_npy
+from ..safeio import open_regular_file
 from .types import DumpError, DumpTensor
 
 NPY_NAME = re.compile(
@@ -71,7 +72,8 @@ def read_mindspore_npy_dir(directory: str | os.PathLike) -> list[DumpTensor]:
                  "file_dtype": meta["dtype"]}
         out.append(DumpTensor(name=meta["op_name"], io=meta["io"], index=slot, dtype=t.dtype,
                               shape=t.shape, order=order, step=step, rank=rank, path=str(p),
-                              op_type=meta["op_type"], load=t.load, extra=extra))
+                              op_type=meta["op_type"], load=t.load, extra=extra,
+                              region=t.region))
     return out
 
 
@@ -114,7 +116,8 @@ def read_statistic_csv(path: str | os.PathLike, max_bytes: int = MAX_CSV) -> lis
     try:
         if path.stat().st_size > max_bytes:
             raise DumpError(f"{path}: larger than {max_bytes} bytes")
-        text = path.read_text(encoding="utf-8", errors="strict")
+        with open_regular_file(path, "r", encoding="utf-8", errors="strict") as fh:
+            text = fh.read(max_bytes + 1)
     except DumpError:
         raise
     except (OSError, UnicodeDecodeError) as exc:

@@ -34,8 +34,9 @@ import numpy as np
 
 from ..model import TensorStats
 from .npy import read_npy
-from .torchzip import inspect_pt, load_pt
-from .types import DumpError, DumpTensor
+from .torchzip import inspect_pt, load_pt, pt_region
+from ..safeio import open_regular_file
+from .types import DumpError, DumpTensor, FileRegion, ZipRegion
 
 MAX_DUMP_JSON = 512 << 20
 MAX_DIMS = 64
@@ -141,6 +142,18 @@ def _loader(path: Path, shape: tuple[int, ...]) -> Callable[[], np.ndarray]:
     return load
 
 
+def _region(path: Path, shape: tuple[int, ...]) -> Callable[[], FileRegion | ZipRegion | None]:
+    def region() -> FileRegion | ZipRegion | None:
+        if path.suffix == ".pt":
+            reg = pt_region(inspect_pt(path))
+        else:
+            reg = read_npy(path).region()  # type: ignore[misc]
+        if reg is not None and tuple(reg.shape) != shape:
+            raise DumpError(f"{path}: tensor shape {tuple(reg.shape)} != dump.json shape {shape}")
+        return reg
+    return region
+
+
 def _dir_number(name: str, pattern: re.Pattern) -> int | None:
     m = pattern.fullmatch(name)
     if not m:
@@ -154,7 +167,7 @@ def load_dump_json(path: Path, max_bytes: int = MAX_DUMP_JSON) -> dict:
         size = path.stat().st_size
         if size > max_bytes:
             raise DumpError(f"{path}: {size} bytes exceeds the {max_bytes}-byte limit for dump.json")
-        with open(path, "rb") as fh:
+        with open_regular_file(path) as fh:
             doc = json.loads(fh.read(max_bytes + 1))
     except DumpError:
         raise
@@ -211,7 +224,7 @@ def _tensor(item: dict, key: str, slot: str, io: str, index: int, arg: str, orde
         raise DumpError(f"{where}: bad dtype/shape {dtype_raw!r}/{shape_raw!r}"[:300])
     dtype, shape = normalize_dtype(dtype_raw), tuple(shape_raw)
     extra: dict = {"slot": slot, "arg": arg, "entry": order, "stats_counts": "lower_bound"}
-    load = None
+    load = region = None
     path = str(rank_dir / "dump.json")
     data_name = item.get("data_name")
     if tensor_mode and data_name is not None:
@@ -220,11 +233,11 @@ def _tensor(item: dict, key: str, slot: str, io: str, index: int, arg: str, orde
         extra["data_name"] = data_name
         file = data_dir / data_name
         path = str(file)
-        load = _loader(file, shape)
+        load, region = _loader(file, shape), _region(file, shape)
     stats = _stats_from_item(item, key, io, index, dtype, shape, step, rank, path)
     return DumpTensor(name=key, io=io, index=index, dtype=dtype, shape=shape, order=order,
                       step=step, rank=rank, path=path, op_type=op_type, load=load, stats=stats,
-                      extra=extra)
+                      extra=extra, region=region)
 
 
 def find_rank_dirs(root: str | os.PathLike) -> list[Path]:

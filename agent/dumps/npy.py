@@ -20,10 +20,12 @@ from typing import BinaryIO, Callable
 import numpy as np
 import numpy.lib.format as npformat
 
-from .types import DumpError, DumpTensor
+from ..safeio import open_regular_file
+from .types import LIMITS, DumpError, DumpTensor, FileRegion, ZipRegion
 
 MAX_HEADER = 64 * 1024          # numpy itself refuses headers over 10000 bytes by default
 MAX_RATIO = 1100                # deflate cannot exceed ~1032:1; anything beyond is a lie
+SLACK = 64 * 1024               # a member may declare this many bytes beyond what its tensor needs
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 
 
@@ -69,26 +71,30 @@ def dtype_name(dtype: np.dtype) -> str:
 def read_npy(path: str | os.PathLike, *, name: str | None = None) -> DumpTensor:
     path = os.fspath(path)
     try:
-        with open(path, "rb") as fp:
+        with open_regular_file(path) as fp:
             dtype, shape, fortran, hlen = parse_npy_header(fp, path)
             size = os.fstat(fp.fileno()).st_size
     except OSError as exc:
-        raise DumpError(f"{path}: cannot read: {exc}") from None
-    need = hlen + _numel(shape) * dtype.itemsize
+        raise DumpError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    count = _numel(shape)
+    need = hlen + count * dtype.itemsize
     if size < need:
         raise DumpError(f"{path}: truncated npy: {size} bytes, header says {need}")
+    order = "F" if fortran else "C"
 
     def load() -> np.ndarray:
-        if _numel(shape) == 0:
-            return np.empty(shape, dtype=dtype, order="F" if fortran else "C")
+        if count == 0:
+            return np.empty(shape, dtype=dtype, order=order)
         try:
-            return np.load(path, mmap_mode="r", allow_pickle=False)
+            with open_regular_file(path) as fh:
+                return np.memmap(fh, dtype=dtype, mode="r", offset=hlen, shape=shape, order=order)
         except Exception as exc:
             raise DumpError(f"{path}: cannot load npy: {exc}") from None
 
+    region = FileRegion(path, hlen, dtype, count, shape)
     stem = name if name is not None else os.path.basename(path).removesuffix(".npy")
     return DumpTensor(name=stem, io="", index=0, dtype=dtype_name(dtype), shape=shape, order=0,
-                      path=path, load=load)
+                      path=path, load=load, region=lambda: region)
 
 
 # ----------------------------------------------------------------------------- zip helpers
@@ -96,7 +102,7 @@ def read_npy(path: str | os.PathLike, *, name: str | None = None) -> DumpTensor:
 def open_zip(path: str, *, max_members: int, max_uncompressed: int) -> zipfile.ZipFile:
     """Open a zip and check its directory before anything is decompressed."""
     try:
-        zf = zipfile.ZipFile(path)
+        zf = _ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
         raise DumpError(f"{path}: not a readable zip: {exc}") from None
     try:
@@ -113,6 +119,24 @@ def open_zip(path: str, *, max_members: int, max_uncompressed: int) -> zipfile.Z
         zf.close()
         raise
     return zf
+
+
+class _ZipFile(zipfile.ZipFile):
+    """A zip opened through :func:`open_regular_file` (a FIFO never blocks), closing it with itself."""
+
+    def __init__(self, path: str) -> None:
+        self._own = None
+        fh = open_regular_file(path)
+        self._own = fh
+        super().__init__(fh)
+
+    def close(self) -> None:
+        try:
+            if hasattr(self, "filelist"):  # fully initialised
+                super().close()
+        finally:
+            if self._own is not None:
+                self._own.close()
 
 
 def check_member(path: str, info: zipfile.ZipInfo) -> None:
@@ -148,9 +172,11 @@ def stored_data_offset(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo) ->
 
 
 def read_member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> bytes:
-    """Read a whole member, never more than min(declared size, limit) bytes."""
+    """Read a whole member, never more than min(declared size, limit) bytes; the declared size
+    is checked against ``limit`` before anything is inflated."""
     if info.file_size > limit:
-        raise DumpError(f"{path}:{info.filename}: member of {info.file_size} bytes exceeds {limit}")
+        raise DumpError(f"{path}:{info.filename}: member inflates to {info.file_size} bytes, more than "
+                        f"the {limit} that may be held in memory (limits.max_decompressed_bytes)")
     try:
         with zf.open(info) as fh:
             data = fh.read(info.file_size + 1)
@@ -166,18 +192,19 @@ def read_member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: in
 def member_array(path: str, info: zipfile.ZipInfo, dtype: np.dtype, count: int, skip: int,
                  limit: int) -> np.ndarray:
     """``count`` elements of ``dtype`` from a member, ``skip`` bytes in: memory-mapped if stored,
-    else decompressed (bounded by the declared size and ``limit``)."""
+    else decompressed (bounded by the declared size, ``limit`` and
+    ``LIMITS.max_decompressed_bytes``, all checked before inflating)."""
     need = skip + count * dtype.itemsize
     if need > info.file_size:
         raise DumpError(f"{path}:{info.filename}: member holds {info.file_size} bytes, need {need}")
     if count == 0:
         return np.empty(0, dtype=dtype)
     try:
-        with zipfile.ZipFile(path) as zf:
+        with _ZipFile(path) as zf:
             if info.compress_type == zipfile.ZIP_STORED:
                 off = stored_data_offset(path, zf, info)
-                return np.memmap(path, dtype=dtype, mode="r", offset=off + skip, shape=(count,))
-            data = read_member(path, zf, info, limit)
+                return np.memmap(zf._own, dtype=dtype, mode="r", offset=off + skip, shape=(count,))
+            data = read_member(path, zf, info, min(limit, LIMITS.max_decompressed_bytes))
     except DumpError:
         raise
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
@@ -203,15 +230,31 @@ def read_npz(path: str | os.PathLike, max_members: int = 4096,
                 raise DumpError(f"{where}: cannot read zip member: {exc}") from None
             dtype, shape, fortran, hlen = parse_npy_header(head, where)
             count = _numel(shape)
-            if hlen + count * dtype.itemsize > info.file_size:
-                raise DumpError(f"{where}: truncated npy member: {info.file_size} bytes, "
-                                f"header says {hlen + count * dtype.itemsize}")
+            check_declared(where, info.file_size, hlen + count * dtype.itemsize)
+            if info.compress_type == zipfile.ZIP_STORED:
+                off = stored_data_offset(path, zf, info)
+                region: FileRegion | ZipRegion = FileRegion(path, off + hlen, dtype, count, shape)
+            else:
+                region = ZipRegion(path, info.filename, hlen, dtype, count, shape)
             out.append(DumpTensor(name=info.filename.removesuffix(".npy"), io="", index=0,
                                   dtype=dtype_name(dtype), shape=shape, order=order, path=path,
                                   load=_npz_loader(path, info, dtype, shape, fortran, hlen,
                                                    max_uncompressed),
-                                  extra={"member": info.filename}))
+                                  extra={"member": info.filename}, region=_const(region)))
     return out
+
+
+def _const(region: FileRegion | ZipRegion) -> Callable[[], FileRegion | ZipRegion]:
+    return lambda: region
+
+
+def check_declared(where: str, declared: int, need: int) -> None:
+    """A member's declared (uncompressed) size against what its tensor's shape and dtype need,
+    before anything is inflated: fewer bytes is a truncated member, many more a lie (a bomb)."""
+    if declared < need:
+        raise DumpError(f"{where}: truncated member: {declared} bytes, the tensor needs {need}")
+    if declared > need + SLACK:
+        raise DumpError(f"{where}: member declares {declared} bytes, its tensor needs only {need}; refused")
 
 
 def _npz_loader(path: str, info: zipfile.ZipInfo, dtype: np.dtype, shape: tuple[int, ...],

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .cann import parse_dump_name, read_container
+from ..safeio import open_regular_file
 from .types import DumpError, DumpTensor
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ def read_opdebug(path: str) -> list[OverflowRecord]:
     item, offset = outs[0]
     size = int(item.get("size", 0))
     try:
-        with open(path, "rb") as fh:
+        with open_regular_file(path) as fh:
             fh.seek(offset)
             data = fh.read(min(size, 1 << 20))
     except OSError as exc:

@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ..health import beat
 from ..model import TensorStats
 from .cann import dump_dir_location, parse_dump_name
 from .discovery import MAX_FILES, discover, walk  # noqa: F401 - discover is re-exported (compare)
 from .opdebug import find_overflow_ops
 from .scanner import scan_array
 from .types import DumpError, DumpTensor
+from .windows import scan_region
 
 if TYPE_CHECKING:  # the rules stack is imported where it is used: `compare` never needs it
     from ..rulefile import RuleSet
@@ -80,22 +82,33 @@ def tensor_bytes(t: DumpTensor) -> int:
     return math.prod(t.shape) * size
 
 
-def statistics(t: DumpTensor, threads: int = 1, on_bytes: Callable[[int], None] | None = None) -> TensorStats:
-    """The tensor's statistics: given by the dump, or computed in one pass over its data.
-    ``on_bytes(n)``: called as the pass advances (about every 32 MiB), n bytes at a time."""
+def statistics(t: DumpTensor, threads: int = 1, on_bytes: Callable[[int], None] | None = None,
+               drop_cache: bool = True) -> TensorStats:
+    """The tensor's statistics: given by the dump, or computed in one pass over its data (read in
+    bounded chunks where the data lies in a file: agent/dumps/windows.py; ``drop_cache``: drop
+    the pages read from the page cache). ``on_bytes(n)``: called as the pass advances, n bytes at
+    a time."""
     if t.load is None:
         if t.stats is None:
             raise DumpError(f"{t.path or t.name}: neither data nor statistics")
         return replace(t.stats, step=t.step, rank=t.rank, path=t.path)
-    advance = None
+    advance = counted = None
     if on_bytes is not None:
         lock = threading.Lock()
 
-        def advance(start: int, end: int) -> None:   # the scanner's page-release hook
+        def counted(n: int) -> None:
             with lock:
-                on_bytes(end - start)
-    s = scan_array(t.load(), dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads,
-                   _release=advance)
+                on_bytes(n)
+
+        def advance(start: int, end: int) -> None:   # the scanner's page-release hook
+            counted(end - start)
+    region = t.region() if t.region is not None else None
+    if region is not None:
+        s = scan_region(region, dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads,
+                        drop_cache=drop_cache, on_bytes=counted)
+    else:
+        s = scan_array(t.load(), dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads,
+                       _release=advance)
     return replace(s, step=t.step, rank=t.rank, path=t.path)
 
 
@@ -125,9 +138,10 @@ def first_bad_op(tensors: list[DumpTensor], stats: list[TensorStats]) -> dict[st
 
 
 def scan_dump(path: Path, step: int | None = None, progress: Progress | None = None,
-              threads: int = 1) -> dict[str, Any]:
+              threads: int = 1, drop_cache: bool = True) -> dict[str, Any]:
     """Statistics, first bad op, overflows and unreadable files of one tree (no findings).
-    ``progress(bytes done, bytes in all, tensors done, tensors in all)``."""
+    ``progress(bytes done, bytes in all, tensors done, tensors in all)``; ``drop_cache=False``
+    keeps the pages read in the page cache (a comparison reads them next)."""
     w = walk(path)
     tensors, errors, layout = discover(path, w.files)
     errors = w.errors + errors
@@ -148,11 +162,12 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
             if progress is not None:
                 progress(min(done, total), total, i, len(tensors))
         try:
-            stats.append(statistics(t, threads, on_bytes if progress is not None else None))
+            stats.append(statistics(t, threads, on_bytes if progress is not None else None, drop_cache))
             kept.append(t)
         except (DumpError, TypeError, ValueError, OSError) as exc:
             errors.append((t.path or t.name, str(exc)))
         done = before + tensor_bytes(t)
+        beat()
         if progress is not None:
             progress(done, total, i + 1, len(tensors))
     layouts = sorted({t.extra.get("layout", layout) for t in tensors}) if layout == "mixed" else [layout]

@@ -50,7 +50,6 @@ tolerances above); ``kernels.get("scan")`` picks per ``scan_array`` call (agent/
 from __future__ import annotations
 
 import math
-import mmap
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
@@ -61,7 +60,7 @@ from ..model import TensorStats
 from . import scan_c
 from .scan_kernels import FP16_MAX, ROW, Acc, Scratch, block_fn
 
-__all__ = ["DEFAULT_BLOCK", "FP16_MAX", "ROW", "scan_array", "scan_file_npy"]
+__all__ = ["DEFAULT_BLOCK", "FP16_MAX", "ROW", "kernel_for", "scan_array", "scan_file_npy", "stats_of"]
 
 DEFAULT_BLOCK = 1 << 18          # elements: 1 MiB of float32, fits a core's L2 with its scratch
 _RELEASE_BYTES = 32 << 20
@@ -163,19 +162,31 @@ def scan_array(a: np.ndarray, *, dtype: str | None = None, name: str = "", io: s
         kind_name = dtype or a.dtype.name
     if not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))  # pragma: no cover - dumps are native-endian
-    fn = block_fn(a, bf16)
+    acc = _scan(a, kernel_for(a.dtype, bf16), int(block_elems), int(threads), _release)
+    return stats_of(acc, int(a.size), kind_name, tuple(int(s) for s in a.shape), name=name, io=io,
+                    index=index, step=step, rank=rank, path=path)
+
+
+def kernel_for(dt: np.dtype, bf16: bool) -> Callable:
+    """The block function for data of dtype ``dt`` (native order; ``bf16``: raw bfloat16 words):
+    the C kernel where built and it has one for ``dt``, else numpy's. TypeError when none fits."""
+    sample = np.empty(0, dtype=dt)
+    fn = block_fn(sample, bf16)
     mod = kernels.get("scan")  # per call: PRECISION_AGENT_KERNELS / kernels.forced() decide
     if mod is not None:
-        fn = scan_c.block_fn(mod, a, bf16, fn) or fn
-    acc = _scan(a, fn, int(block_elems), int(threads), _release)
+        fn = scan_c.block_fn(mod, sample, bf16, fn) or fn
+    return fn
 
-    count = int(a.size)
+
+def stats_of(acc: Acc, count: int, kind_name: str, shape: tuple[int, ...], *, name: str = "", io: str = "",
+             index: int = 0, step: int | None = None, rank: int | None = None, path: str = "") -> TensorStats:
+    """The TensorStats of a finished accumulator (see the module docstring for the semantics)."""
     has = acc.finite > 0
     mean = _fsum(acc.sums) / acc.finite if has else None
     l2 = math.sqrt(_fsum(acc.sqs)) if has else None
     abs_mean = _fsum(acc.abss) / acc.finite if has else None
     return TensorStats(
-        name=name, io=io, index=index, dtype=kind_name, shape=tuple(int(s) for s in a.shape),
+        name=name, io=io, index=index, dtype=kind_name, shape=shape,
         count=count, nan=acc.nan, pos_inf=acc.pinf, neg_inf=acc.ninf,
         min=float(acc.mn) if has else None, max=float(acc.mx) if has else None,
         mean=mean, l2norm=l2, abs_mean=abs_mean, zero_fraction=(acc.zeros / count) if count else None,
@@ -184,30 +195,9 @@ def scan_array(a: np.ndarray, *, dtype: str | None = None, name: str = "", io: s
 
 def scan_file_npy(path: str, *, dtype: str | None = None, name: str = "", io: str = "",
                   index: int = 0, block_elems: int = DEFAULT_BLOCK, threads: int = 1) -> TensorStats:
-    """Scan a .npy file through ``np.load(mmap_mode="r")``: the file is never loaded whole."""
-    a = np.load(path, mmap_mode="r", allow_pickle=False)
-    mm = getattr(a, "_mmap", None)
-    release = None
-    if mm is not None and hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED") and a.ndim:
-        # file-backed pages a process has touched count in its RSS until unmapped: drop the
-        # ones already scanned (they stay in the page cache; RSS stays block-bounded)
-        delta = int(getattr(a, "offset", 0)) % mmap.ALLOCATIONGRANULARITY
-
-        def release(start: int, end: int) -> None:
-            lo = -(-(delta + start) // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside only
-            hi = (delta + end) // mmap.PAGESIZE * mmap.PAGESIZE
-            if hi > lo:
-                try:
-                    mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-                except (OSError, ValueError):  # pragma: no cover - advisory only
-                    pass
-    try:
-        return scan_array(a, dtype=dtype, name=name, io=io, index=index, block_elems=block_elems,
-                          threads=threads, path=str(path), _release=release)
-    finally:
-        del a
-        if mm is not None:
-            try:
-                mm.close()
-            except Exception:  # pragma: no cover - a view still references it; GC will close
-                pass
+    """Scan a .npy file in bounded chunks (agent/dumps/windows.py): never mapped or loaded whole."""
+    from .npy import read_npy
+    from .windows import scan_region
+    region = read_npy(path).region()  # type: ignore[misc]
+    return scan_region(region, dtype=dtype, name=name, io=io, index=index, block_elems=block_elems,
+                       threads=threads, path=str(path))

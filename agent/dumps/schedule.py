@@ -6,6 +6,12 @@ nonsense (or the same op twice). A directory is therefore scanned once it has be
 the one already scanned: a restart, or an event for an unchanged file, scans nothing again.
 Scans run one at a time on their own thread, fed by a bounded queue; results come back through
 an inbox the main worker drains, so the pipeline keeps a single owner.
+
+The scan thread has a heartbeat (agent/health.py), fed as it reads (per chunk, per tensor). A
+scan that makes no progress for the stall timeout (a file stuck in the kernel: a hung network
+mount) is reported once, the worker counts as stalled (readiness, watchdog, metric) until that
+scan returns, and a fresh scan thread takes over the queue, so one stuck file never stops the
+other trees (at most ``MAX_STUCK`` stuck threads are left behind).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
+from ..health import Cancelled, Heartbeat, bind
 from ..model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW, Labels, Sample, SourcePos, make_labels
 from .scan import scan_dump
 
@@ -170,6 +177,8 @@ def result_samples(result: dict[str, Any], labels: dict[str, str], source: str |
 
 
 AfterScan = Callable[[str], dict[str, Any]]
+KeepCache = Callable[[str], bool]
+MAX_STUCK = 4  # stuck scan threads left behind before the queue waits for one of them
 RETRY_MAX, RETRY_GIVE_UP = 600.0, 86400.0  # waiting for a comparison's other side (from max(settle, 1s))
 MAX_WAITING = 10_000
 
@@ -180,8 +189,11 @@ class DumpScheduler:
     (``retry_later``: its benchmark side was not complete yet)."""
 
     def __init__(self, settle: float, queue_size: int, scanned: dict[str, tuple[int, int, int]],
-                 after_scan: AfterScan | None = None) -> None:
+                 after_scan: AfterScan | None = None, keep_cache: KeepCache | None = None,
+                 on_stall: Callable[[str], None] | None = None) -> None:
         self.settle = settle
+        self.keep_cache = keep_cache    # unit -> keep its pages in the page cache (a comparison reads them)
+        self.on_stall = on_stall        # called once per stuck scan, with a message
         self.scanned = scanned                       # unit -> signature already scanned
         self.after_scan = after_scan
         self.pending: dict[str, float] = {}          # unit -> monotonic time of its last change
@@ -191,17 +203,51 @@ class DumpScheduler:
         self.queue: queue.Queue[tuple[str, tuple[int, int, int] | None] | None] = queue.Queue(maxsize=queue_size)
         self.inbox: deque[ScanResult] = deque()
         self.guard: Callable[[], ContextManager[None]] = nullcontext  # the daemon's symlink confinement
-        self._thread = threading.Thread(target=self._guarded_run, name="dump-scan", daemon=True)
+        self.heartbeat = Heartbeat("dump-scan")
+        self._thread = self._new_thread()
+        self._stuck: list[tuple[threading.Thread, Heartbeat]] = []
+        self._lock = threading.Lock()
+
+    def _new_thread(self) -> threading.Thread:
+        return threading.Thread(target=self._guarded_run, args=(self.heartbeat,), name="dump-scan", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30.0) -> None:
+        """Ask the scan thread to stop: a scan in progress is cancelled at its next chunk."""
+        for hb in self.heartbeats():
+            hb.cancelled = True
         try:
             self.queue.put_nowait(None)
         except queue.Full:
             pass
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout)
+
+    def heartbeats(self) -> list[Heartbeat]:
+        """The scan thread's heartbeat and those of stuck threads still running."""
+        with self._lock:
+            self._stuck = [(t, hb) for t, hb in self._stuck if t.is_alive() and hb.busy]
+            return [self.heartbeat] + [hb for _, hb in self._stuck]
+
+    def check_stalled(self, timeout: float, now: float | None = None) -> bool:
+        """Main worker: if the scan thread is stuck, report it once and let a fresh thread take
+        over the queue. True when a thread was replaced."""
+        hb = self.heartbeat
+        if not self._thread.is_alive() or not hb.stalled(timeout, now):
+            return False
+        with self._lock:
+            stuck = len([t for t, h in self._stuck if t.is_alive() and h.busy])
+            if stuck >= MAX_STUCK:
+                return False
+            if self.on_stall is not None:
+                self.on_stall(f"scan of {hb.what}: no progress for {timeout:.0f} s (a file stuck in the kernel, "
+                              f"e.g. a hung network mount?); a new scan thread takes over the other trees")
+            self._stuck.append((self._thread, hb))
+            self.heartbeat = Heartbeat("dump-scan")
+            self._thread = self._new_thread()
+            self._thread.start()
+        return True
 
     def touched(self, path: str, now: float | None = None) -> None:
         self.pending[unit_of(path)] = time.monotonic() if now is None else now
@@ -258,33 +304,49 @@ class DumpScheduler:
             out.append(r)
         return out
 
-    def _guarded_run(self) -> None:
+    def _guarded_run(self, hb: Heartbeat) -> None:
         with self.guard():  # every open on this thread (sources/confine.py)
-            self._run()
+            self._run(hb)
 
-    def _run(self) -> None:
-        while True:
+    def _run(self, hb: Heartbeat) -> None:
+        bind(hb)
+        while hb is self.heartbeat and not hb.cancelled:
             item = self.queue.get()
             if item is None:
                 return
             unit, sig = item
-            if sig is None:
-                self.inbox.append(ScanResult(unit, None, None, extra=self._after(unit)))
-                continue
+            hb.what = unit
+            hb.working(True)
             try:
-                result = scan_dump(Path(unit))
-                r = ScanResult(unit, sig, result, samples=result_samples(result, {}, unit))
-            except Exception as exc:  # a reader bug must not kill the scan thread
-                log.exception("scanning %s failed", unit)
-                r = ScanResult(unit, sig, None, repr(exc))
-            r.extra = self._after(unit)
-            self.inbox.append(r)
+                self._one(unit, sig)
+            except Cancelled:
+                return
+            finally:
+                hb.working(False)
+
+    def _one(self, unit: str, sig: tuple[int, int, int] | None) -> None:
+        if sig is None:
+            self.inbox.append(ScanResult(unit, None, None, extra=self._after(unit)))
+            return
+        try:
+            keep = self.keep_cache is not None and self.keep_cache(unit)
+            result = scan_dump(Path(unit), drop_cache=not keep)
+            r = ScanResult(unit, sig, result, samples=result_samples(result, {}, unit))
+        except Cancelled:
+            raise
+        except Exception as exc:  # a reader bug must not kill the scan thread
+            log.exception("scanning %s failed", unit)
+            r = ScanResult(unit, sig, None, repr(exc))
+        r.extra = self._after(unit)
+        self.inbox.append(r)
 
     def _after(self, unit: str) -> dict[str, Any]:
         if self.after_scan is None:
             return {}
         try:
             return self.after_scan(unit)
+        except Cancelled:
+            raise
         except Exception as exc:  # a comparison bug must not kill the scan thread either
             log.exception("comparing/digesting %s failed", unit)
             return {"error": f"{type(exc).__name__}: {exc}"[:500]}

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .npy import member_array, open_zip, read_member, stored_data_offset
-from .types import DumpError, DumpTensor
+from ..safeio import memmap_regular
+from .npy import SLACK, member_array, open_zip, read_member, stored_data_offset
+from .types import DumpError, DumpTensor, FileRegion, ZipRegion
 
 MAX_PICKLE = 1 << 20
 MAX_ELEMENTS = 1 << 34
@@ -180,6 +181,9 @@ def inspect_pt(path: str | os.PathLike, *, max_members: int = 64,
     numel = ref.storage.numel
     if numel * dtype.itemsize > member.file_size:
         raise DumpError(f"{path}: storage declares {numel} elements, member has {member.file_size} bytes")
+    if member.file_size > numel * dtype.itemsize + SLACK:  # checked before anything is inflated
+        raise DumpError(f"{path}: storage member declares {member.file_size} bytes, its {numel} elements "
+                        f"need only {numel * dtype.itemsize}; refused")
     if len(ref.size) > 64 or math.prod(ref.size) > MAX_ELEMENTS:
         raise DumpError(f"{path}: tensor of shape {ref.size} is too large"[:300])
     if all(ref.size):
@@ -196,22 +200,14 @@ def load_pt(info: PtInfo, limit: int = 8 << 30) -> np.ndarray:
         return np.empty(ref.size, dtype=info.np_dtype)
     if info.data_offset is not None:
         try:
-            flat = np.memmap(info.path, dtype=info.np_dtype, mode="r", offset=info.data_offset,
-                             shape=(ref.storage.numel,))
-        except (OSError, ValueError) as exc:   # the file shrank since it was inspected
+            flat = memmap_regular(info.path, info.np_dtype, info.data_offset, ref.storage.numel)
+        except (OSError, ValueError) as exc:   # the file shrank since it was inspected, or was replaced
             raise DumpError(f"{info.path}: cannot map the tensor data: {exc}") from None
     else:
         flat = member_array(info.path, info.member, info.np_dtype, ref.storage.numel, 0, limit)
     itemsize = info.np_dtype.itemsize
-    contiguous = True
-    expect = 1
-    for d, s in zip(reversed(ref.size), reversed(ref.stride)):
-        if d != 1 and s != expect:
-            contiguous = False
-        expect *= d
-    count = 1
-    for d in ref.size:
-        count *= d
+    contiguous = _contiguous(ref)
+    count = math.prod(ref.size)
     if contiguous:
         arr = flat[ref.offset: ref.offset + count].reshape(ref.size)
     else:
@@ -224,8 +220,29 @@ def load_pt(info: PtInfo, limit: int = 8 << 30) -> np.ndarray:
     return arr
 
 
+def _contiguous(ref: TensorRef) -> bool:
+    expect = 1
+    for d, s in zip(reversed(ref.size), reversed(ref.stride)):
+        if d != 1 and s != expect:
+            return False
+        expect *= d
+    return True
+
+
+def pt_region(info: PtInfo) -> FileRegion | ZipRegion | None:
+    """Where the tensor's elements lie in the file, for the scanner's bounded reads; None for a
+    non-contiguous view (the scanner then walks ``load_pt``'s strided view)."""
+    ref = info.ref
+    if not _contiguous(ref):
+        return None
+    count, skip = math.prod(ref.size), ref.offset * info.np_dtype.itemsize
+    if info.data_offset is not None:
+        return FileRegion(info.path, info.data_offset + skip, info.np_dtype, count, ref.size)
+    return ZipRegion(info.path, info.member.filename, skip, info.np_dtype, count, ref.size)
+
+
 def read_pt(path: str | os.PathLike, *, name: str | None = None) -> DumpTensor:
     info = inspect_pt(path)
     stem = name if name is not None else os.path.basename(info.path).removesuffix(".pt")
     return DumpTensor(name=stem, io="", index=0, dtype=info.dtype, shape=info.shape, order=0,
-                      path=info.path, load=lambda: load_pt(info))
+                      path=info.path, load=lambda: load_pt(info), region=lambda: pt_region(info))

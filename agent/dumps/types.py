@@ -28,7 +28,47 @@ class DumpTensor:
     load: Callable[[], np.ndarray] | None = None
     stats: TensorStats | None = None   # statistics given by the dump itself, if any
     extra: dict = field(default_factory=dict)
+    # where the same data lies in a file, for the scanner's bounded windows (agent/dumps/windows.py):
+    # a plain stretch of a file, or a deflated zip member streamed in bounded chunks. None: the
+    # scanner uses ``load`` (strided views, statistics-only dumps)
+    region: "Callable[[], FileRegion | ZipRegion | None] | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class FileRegion:
+    """``count`` elements of ``dtype``, contiguous in file order, from byte ``offset`` of ``path``."""
+
+    path: str
+    offset: int
+    dtype: np.dtype
+    count: int
+    shape: tuple[int, ...]     # reported in the statistics (what ``load`` would return)
+
+
+@dataclass(frozen=True, slots=True)
+class ZipRegion:
+    """``count`` elements of ``dtype`` from ``skip`` bytes into deflated member ``member`` of the
+    zip ``path``, inflated as a stream (never more than a window at once)."""
+
+    path: str
+    member: str
+    skip: int
+    dtype: np.dtype
+    count: int
+    shape: tuple[int, ...]
 
 
 class DumpError(Exception):
     """A dump file that cannot be read (corrupt, truncated, hostile): the message says why."""
+
+
+@dataclass(slots=True)
+class DumpLimits:
+    """Process-wide bounds of the dump readers; the daemon sets them from ``config.limits``."""
+
+    # a deflated member (.npz, torch.save) is inflated into memory (compare, watchpoints) only up to
+    # this size; the scanner streams any size through a bounded buffer instead
+    max_decompressed_bytes: int = 128 << 20
+
+
+LIMITS = DumpLimits()

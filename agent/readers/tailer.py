@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from ..safeio import open_regular
+
 __all__ = ["LogTailer", "TailEvent", "TailPosition", "TextBlock"]
 
 
@@ -208,14 +210,14 @@ class LogTailer:
             self._last_error = msg
 
     def _open(self, path: str) -> int:
-        flags = os.O_RDONLY | os.O_CLOEXEC
+        # regular files only, checked on the open descriptor: a FIFO or device never blocks us
         noatime = getattr(os, "O_NOATIME", 0)
         if noatime:
             try:  # avoids atime writes, but only permitted to the file's owner
-                return os.open(path, flags | noatime)
+                return open_regular(path, noatime)
             except PermissionError:
                 pass
-        return os.open(path, flags)
+        return open_regular(path)
 
     def _open_checked(self, path: str) -> int:
         fd = self._open(path)
