@@ -149,3 +149,22 @@ def test_prometheus_base_is_sedable(tmp_path: Path) -> None:
     res = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode != 0 and "runbook_url" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_commands_in_runbooks_exist_with_their_flags() -> None:
+    """Every `precision-agent CMD --flag ...` a runbook tells the on-call to run is a real command
+    of ours, with flags its --help lists."""
+    import sys
+    used: dict[tuple[str, ...], set[str]] = {}
+    for md in RUNBOOKS.glob("*.md"):
+        for span in re.findall(r"`(precision-agent [^`]+)`", md.read_text()):
+            words = span.split()[1:]
+            cmd = tuple(words[:2]) if words[0] == "rules" else (words[0],)
+            used.setdefault(cmd, set()).update(w.split("=")[0] for w in words if w.startswith("--"))
+    assert {("replay",), ("scan",), ("compare",)} <= set(used), used
+    for cmd, flags in used.items():
+        res = subprocess.run([sys.executable, "-m", "precision_agent", *cmd, "--help"], capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 0, (cmd, res.stderr)
+        for flag in flags:
+            assert flag in res.stdout, (cmd, flag)
