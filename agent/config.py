@@ -245,6 +245,7 @@ class Config(_Strict):
     watches: list[Watch] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
     alertmanager: AlertmanagerConfig | None = None  # push alerts to Alertmanager (docs/alertmanager.md)
+    runbook_base_url: str | None = None    # {{ $runbook_base }} in rule annotations; None: the shipped runbooks
 
     @field_validator("rule_dirs")
     @classmethod
@@ -253,6 +254,13 @@ class Config(_Strict):
         if missing:
             raise ValueError("; ".join(f"rule directory {p!r} does not exist" for p in missing))
         return v
+
+    @field_validator("runbook_base_url")
+    @classmethod
+    def _runbook_base(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://\S+$", v):
+            raise ValueError(f"runbook_base_url {v!r} must be an absolute URL such as https://wiki.example/runbooks")
+        return v.rstrip("/") if v is not None else None
 
     @field_validator("web_config_file")
     @classmethod

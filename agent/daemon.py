@@ -453,7 +453,8 @@ class Agent:
 
     def reload_rules(self, initial: bool = False) -> None:
         try:
-            rules = load_rules(self.rule_dirs, None if initial else self.pipeline.rules)
+            rules = load_rules(self.rule_dirs, None if initial else self.pipeline.rules,
+                               self.config.runbook_base_url or "")
         except ConfigError as exc:  # e.g. a rule directory vanished: keep the rules in force
             self.health.error("rule_file", "%s (keeping the rules in force)", exc)
             self.health.inc("rule_reloads_failure")

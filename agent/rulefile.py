@@ -14,13 +14,15 @@ groups:
           summary: "Loss scale {{ $value }} on {{ $labels.run }}"
 ```
 Templates only substitute ``{{ $labels.X }}``, ``{{ $value }}``, ``{{ $step }}``, ``{{ $params.X }}``,
-``{{ $evidence.X }}``, ``{{ $file }}``, ``{{ $line }}`` and ``{{ $alertname }}``: nothing in a rule
+``{{ $evidence.X }}``, ``{{ $file }}``, ``{{ $line }}``, ``{{ $alertname }}`` and ``{{ $runbook_base }}``
+(the config's ``runbook_base_url``; default: the runbooks shipped with the package): nothing in a rule
 file is ever executed. A bad file is reported with its file, rule and field; the loader keeps the
 last good version of that file.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -39,7 +41,8 @@ log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATE_RE = re.compile(r"\{\{\s*\$([A-Za-z_]+)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\s*\}\}")
 _TEMPLATE_ROOTS = {"labels": True, "params": True, "evidence": True,
-                   "value": False, "step": False, "file": False, "line": False, "alertname": False}
+                   "value": False, "step": False, "file": False, "line": False, "alertname": False,
+                   "runbook_base": False}
 SEVERITIES = ("info", "warning", "ticket", "page", "critical")
 
 
@@ -152,6 +155,7 @@ class Rule:
     matchers: tuple[tuple[str, re.Pattern[str]], ...]
     resolve_after: float
     metrics: frozenset[str] = field(default_factory=frozenset)
+    runbook_base: str = ""   # {{ $runbook_base }}: the config's runbook_base_url, or default_runbook_base()
 
     @property
     def name(self) -> str:
@@ -171,17 +175,18 @@ class Rule:
                  source: SourcePos | None, evidence: Mapping[str, Any]) -> dict[str, str]:
         ctx = {"labels": dict(labels), "value": value, "step": step, "params": self.detector.params.model_dump(),
                "evidence": evidence, "file": source.path if source else None,
-               "line": source.line if source else None, "alertname": self.name}
+               "line": source.line if source else None, "alertname": self.name,
+               "runbook_base": self.runbook_base or default_runbook_base()}
         return {k: render(v, ctx) for k, v in self.spec.annotations.items()}
 
 
-def build_rule(spec: RuleSpec, file: str, group: str) -> Rule:
+def build_rule(spec: RuleSpec, file: str, group: str, runbook_base: str = "") -> Rule:
     cls = KINDS[spec.kind]
     det = cls(cls.params_model.model_validate(spec.params))
     return Rule(spec, file, group, det,
                 tuple((k, re.compile(v)) for k, v in spec.match.labels.items()),
                 spec.resolve_after if spec.resolve_after is not None else cls.default_resolve_after,
-                det.wanted_metrics())
+                det.wanted_metrics(), runbook_base)
 
 
 def _error_location(data: Any, loc: tuple[Any, ...]) -> str:
@@ -204,7 +209,7 @@ def _error_location(data: Any, loc: tuple[Any, ...]) -> str:
     return " ".join(parts + [f"field {fieldname}"])
 
 
-def load_rule_file(path: Path) -> list[Rule]:
+def load_rule_file(path: Path, runbook_base: str = "") -> list[Rule]:
     """Parse and validate one rule file; raises ConfigError(file, where, reason)."""
     data = load_yaml_mapping(path)
     try:
@@ -220,12 +225,20 @@ def load_rule_file(path: Path) -> list[Rule]:
     rules: list[Rule] = []
     for group in model.groups:
         for spec in group.rules:
-            rules.append(build_rule(spec, str(path), group.name))
+            rules.append(build_rule(spec, str(path), group.name, runbook_base))
     return rules
 
 
 def default_rules_dir() -> Path:
     return Path(str(resources.files("precision_agent.rules")))
+
+
+@functools.cache
+def default_runbook_base() -> str:
+    """file:// URL of the runbooks: docs/runbooks of a source checkout (this module is
+    agent/rulefile.py there), else the installed copy (package data ``precision_agent.runbooks``)."""
+    here = Path(__file__).resolve().parent
+    return (here.parent / "docs" / "runbooks" if here.name == "agent" else here / "runbooks").as_uri()
 
 
 def rule_files(dirs: list[Path]) -> list[Path]:
@@ -261,7 +274,8 @@ class RuleSet:
 
     def fresh(self) -> "RuleSet":
         """The same rules with new detector instances (no memory of earlier data)."""
-        rs = RuleSet({f: [build_rule(r.spec, r.file, r.group) for r in rules] for f, rules in self.by_file.items()},
+        rs = RuleSet({f: [build_rule(r.spec, r.file, r.group, r.runbook_base) for r in rules]
+                      for f, rules in self.by_file.items()},
                      dict(self.errors))
         rs.reindex()
         return rs
@@ -274,14 +288,15 @@ class RuleSet:
         self._by_metric = idx
 
 
-def load_rules(dirs: list[Path], previous: RuleSet | None = None) -> RuleSet:
+def load_rules(dirs: list[Path], previous: RuleSet | None = None, runbook_base: str = "") -> RuleSet:
     """Load every rule file. A bad file keeps its previous good version (if any) and is
-    reported in ``errors``; unchanged good files keep their detector state."""
+    reported in ``errors``; unchanged good files keep their detector state. ``runbook_base``
+    fills ``{{ $runbook_base }}`` (empty: ``default_runbook_base()``)."""
     rs = RuleSet()
     for path in rule_files(dirs):
         key = str(path)
         try:
-            rules = load_rule_file(path)
+            rules = load_rule_file(path, runbook_base)
         except ConfigError as exc:
             rs.errors[key] = exc
             if previous is not None and key in previous.by_file:
@@ -289,7 +304,7 @@ def load_rules(dirs: list[Path], previous: RuleSet | None = None) -> RuleSet:
             continue
         if previous is not None and key in previous.by_file:
             old = previous.by_file[key]
-            if [r.spec for r in old] == [r.spec for r in rules]:
+            if [(r.spec, r.runbook_base) for r in old] == [(r.spec, r.runbook_base) for r in rules]:
                 rules = old  # same rules: keep detector state
         rs.by_file[key] = rules
     rs.reindex()

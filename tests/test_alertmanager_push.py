@@ -34,7 +34,7 @@ from precision_agent.exporters.alertmanager import (AlertmanagerCollector, Alert
                                                     AlertmanagerPusher, rfc3339)
 from precision_agent.model import LOSS_SCALE, Alert, AlertState, Sample, SourcePos, make_labels
 from precision_agent.pipeline import Pipeline
-from precision_agent.rulefile import default_rules_dir, load_rules
+from precision_agent.rulefile import default_rules_dir, default_runbook_base, load_rules
 
 
 def _ts(text: str) -> float:
@@ -115,7 +115,7 @@ def test_firing_then_resolved_in_alertmanager(am: tuple[str, WebhookSink]) -> No
         assert a["labels"] == {"alertname": "LossScaleAtFloor", "run": "r-fire", "rank": "0",
                                "severity": "page", "instance": "host-a", "cluster": "c1"}
         assert a["annotations"]["summary"] == "Loss scale fell to 1 (floor 1) at step 2"
-        assert a["annotations"]["runbook_url"].startswith("https://")
+        assert a["annotations"]["runbook_url"] == default_runbook_base() + "/LossScaleAtFloor.md"
         assert a["generatorURL"] == "http://host-a:19400/api/v1/alerts"
         assert a["status"]["state"] == "active"
         # endsAt is the lifetime (4 x resend_interval) ahead of the send, so a dead agent's alert expires

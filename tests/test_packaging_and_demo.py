@@ -25,6 +25,25 @@ def test_plain_install_carries_rules_and_exporter_assets(tmp_path):
     check = subprocess.run([sys.executable, "-m", "precision_agent", "rules", "check"], capture_output=True,
                            text=True, timeout=60, env=env, cwd=tmp_path)
     assert check.returncode == 0 and str(target) in check.stdout, check.stdout + check.stderr
+    # the shipped Alertmanager configuration is data beside the module of the same name, which
+    # still imports; the runbooks are installed and are what the rules link to by default
+    assert (target / "precision_agent" / "exporters" / "alertmanager" / "alertmanager.yml").is_file()
+    probe = subprocess.run([sys.executable, "-c", (
+        "import urllib.parse, pathlib\n"
+        "import precision_agent.exporters.alertmanager as am\n"
+        "from precision_agent.rulefile import default_rules_dir, load_rules\n"
+        "from precision_agent.model import make_labels\n"
+        "print(am.__file__, am.AlertmanagerPusher.__name__)\n"
+        "for r in load_rules([default_rules_dir()]).rules:\n"
+        "    url = r.annotate(make_labels(run='r'), 1.0, 1, None, {})['runbook_url']\n"
+        "    path = pathlib.Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))\n"
+        "    assert url.startswith('file://') and path.is_file(), url\n"
+        "    print(path)\n")], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert probe.returncode == 0, probe.stdout + probe.stderr
+    lines = probe.stdout.splitlines()
+    assert lines[0].endswith("exporters/alertmanager.py AlertmanagerPusher"), lines[0]
+    runbooks = target / "precision_agent" / "runbooks"
+    assert len(lines) > 27 and all(ln.startswith(str(runbooks) + "/") for ln in lines[1:]), probe.stdout
 
 
 def test_demo_fires_within_10_seconds():
