@@ -3,7 +3,9 @@ every registered parser, copy filter, typed samples) against a plain Python line
 same file, measured in the same run; the tailer alone and the tailer with the parsers (no samples)
 show where the reader's time goes. Also the full pipeline (series state and shipped rules).
 
-Goals (issue 3): at least 200k lines/s per core, and at most 5x the plain loop's time.
+Goals (issue 13, catch-up speed): the reader alone at least 150k lines/s, the whole pipeline
+(series state and the shipped rules) at least 50k lines/s; the ratio to the plain loop is shown
+for reference (no compiled reader: decided in issue 13).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Any
 
 from . import common
 
-GOAL_LINES_PER_S = 200_000
-GOAL_RATIO_TO_PLAIN = 5.0
+GOAL_LINES_PER_S = 150_000           # reader + parsers + samples
+GOAL_PIPELINE_LINES_PER_S = 50_000   # + series state + shipped rules
 
 
 def _write_log(path: Path, lines: int) -> None:
@@ -97,7 +99,7 @@ def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
         "parse_mb_per_s": size / t_parse / 1e6,
         "ratios": {"parse_to_plain": t_parse / t_plain, "tail_to_plain": t_tail / t_plain,
                    "goal_lines_per_s": GOAL_LINES_PER_S / (lines / t_parse),
-                   "goal_plain_multiple": (t_parse / t_plain) / GOAL_RATIO_TO_PLAIN},
+                   "goal_pipeline_lines_per_s": GOAL_PIPELINE_LINES_PER_S / (lines / t_full)},
     }
 
 
@@ -111,10 +113,11 @@ def report(res: dict[str, Any]) -> str:
         f"  of which tailer + parsers (no samples) {res['parsers_s']:.3f} s, samples and copy filter"
         f" {res['parse_s'] - res['parsers_s']:.3f} s",
         f"  with series state and shipped rules: {res['pipeline_s']:.3f} s ({res['pipeline_lines_per_s']:,.0f} lines/s)",
-        f"  vs goal >= {GOAL_LINES_PER_S:,} lines/s: ratio goal/measured {r['goal_lines_per_s']:.2f}"
+        f"  reader vs goal >= {GOAL_LINES_PER_S:,} lines/s: ratio goal/measured {r['goal_lines_per_s']:.2f}"
         f" ({'within goal' if r['goal_lines_per_s'] <= 1 else 'BELOW GOAL'})",
-        f"  time vs plain loop: {r['parse_to_plain']:.1f}x (goal <= {GOAL_RATIO_TO_PLAIN:g}x: "
-        f"{'within goal' if r['goal_plain_multiple'] <= 1 else 'OVER GOAL'})",
+        f"  pipeline vs goal >= {GOAL_PIPELINE_LINES_PER_S:,} lines/s: ratio goal/measured "
+        f"{r['goal_pipeline_lines_per_s']:.2f} ({'within goal' if r['goal_pipeline_lines_per_s'] <= 1 else 'BELOW GOAL'})",
+        f"  time vs plain loop: {r['parse_to_plain']:.1f}x (for reference)",
     ])
 
 

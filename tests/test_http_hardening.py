@@ -72,7 +72,7 @@ def test_half_open_connections_hold_no_threads_and_time_out(tmp_path: Path) -> N
         pid = agent.proc.pid
         threads, fds = proc_status(pid, "Threads"), open_fds(pid)
         socks = half_open(agent.port, 300)
-        wait_for(lambda: open_fds(pid) >= fds + 300, 10, what="the agent to accept the 300 connections")
+        wait_for(lambda: open_fds(pid) >= fds + 300, 30, what="the agent to accept the 300 connections")
         assert proc_status(pid, "Threads") <= threads + 2, "half-open connections must not hold threads"
         # a normal client is served while the 300 wait
         assert "precision_agent_http_connections_open" in agent.get("/metrics")

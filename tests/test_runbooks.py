@@ -159,7 +159,7 @@ def test_commands_in_runbooks_exist_with_their_flags() -> None:
     for md in RUNBOOKS.glob("*.md"):
         for span in re.findall(r"`(precision-agent [^`]+)`", md.read_text()):
             words = span.split()[1:]
-            cmd = tuple(words[:2]) if words[0] == "rules" else (words[0],)
+            cmd = tuple(words[:2]) if words[0] in ("rules", "fusion") else (words[0],)
             used.setdefault(cmd, set()).update(w.split("=")[0] for w in words if w.startswith("--"))
     assert {("replay",), ("scan",), ("compare",)} <= set(used), used
     for cmd, flags in used.items():
