@@ -92,8 +92,13 @@ class DivergenceDetector(Detector[DivergenceParams]):
         if evidence is None and p.window and len(vals) >= p.window:
             win = vals[-p.window:]
             third = p.window // 3
-            first, last = statistics.median(win[:third]), statistics.median(win[-third:])
-            if self._enough(first, last):
+            head, tail = win[:third], win[-third:]
+            # the medians lie within [min(head), max(tail)]: no rise there, no rise of the medians
+            if max(tail) - min(head) < p.min_delta:
+                first = last = None
+            else:
+                first, last = statistics.median(head), statistics.median(tail)
+            if first is not None and self._enough(first, last):
                 evidence = {"check": "trend", "from": first, "to": last, "reports": p.window}
         if evidence is None:
             t.peak = None

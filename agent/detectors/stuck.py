@@ -72,10 +72,16 @@ class StuckDetector(Detector[StuckParams]):
             return None
         vals = list(t.values)
         recent, before = vals[-p.window:], vals[:-p.window]
-        ref, now = statistics.median(before), statistics.median(recent)
-        if ref == 0:
-            return None
-        improvement = (ref - now) / abs(ref)
+        low_before, high_recent = min(before), max(recent)
+        if low_before > 0 and high_recent >= 0 and 1 - high_recent / low_before > p.min_improvement:
+            # every recent value is below every earlier one by more than the threshold: the medians
+            # can only say "improving" (the common case of a falling loss; no sorting needed)
+            improvement = p.min_improvement + 1.0
+        else:
+            ref, now = statistics.median(before), statistics.median(recent)
+            if ref == 0:
+                return None
+            improvement = (ref - now) / abs(ref)
         if improvement > p.min_improvement:
             if t.active:
                 t.active = False
