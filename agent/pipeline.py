@@ -91,8 +91,16 @@ class Pipeline:
                 self.series.popitem(last=False)  # least recently updated
                 self.evicted_series += 1
             st = self.series[labels] = SeriesState(labels)
-            for hint in self._run_hints.get(run_of(labels), {}).values():
-                st.apply_hint(hint)
+            run = run_of(labels)
+            hints = self._run_hints.get(run)
+            if hints is not None:
+                for hint in hints.values():
+                    st.apply_hint(hint)
+            else:  # after a restart the hints are gone, but the run's restored series still know
+                sib = next((o for k, o in self.series.items() if k != labels and run_of(k) == run
+                            and (o.precision or o.scaler)), None)
+                if sib is not None:
+                    st.precision, st.scaler = sib.precision, sib.scaler
         else:
             self.series.move_to_end(labels)
         return st

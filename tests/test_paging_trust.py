@@ -548,3 +548,16 @@ def test_first_nonfinite_step_is_exported():
     (step,) = got["precision_agent_training_first_nonfinite_step"]
     (when,) = got["precision_agent_training_first_nonfinite_timestamp_seconds"]
     assert step.value == 42 and step.labels == {"run": "r", "rank": "3"} and when.value == 1234.5
+
+
+def test_a_new_rank_after_a_restart_inherits_the_runs_stated_precision():
+    """The run's hints are not stored, but its restored series know what the log stated."""
+    from precision_agent.model import LOSS, Sample, SourcePos
+    from precision_agent.pipeline import Pipeline
+    from precision_agent.series import SeriesState
+    before = SeriesState((("rank", "0"), ("run", "r")))
+    before.precision = "bf16"
+    p = Pipeline(RULES.fresh())
+    p.series[before.labels] = SeriesState.from_dict(before.labels, before.to_dict(context=True))  # as restored
+    p.process([Sample((("rank", "1"), ("run", "r")), LOSS, 2.0, 5, SourcePos("t.log", 1), 1.0)])
+    assert p.series[(("rank", "1"), ("run", "r"))].precision == "bf16"
