@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from ...model import LOSS, LOSS_SCALE, OVERFLOW
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _RE = re.compile(
     r"(?=[FAloPCe])"  # every alternative starts with one of these: positions that cannot match fail fast
@@ -55,14 +55,15 @@ class AscendTFParser(Parser):
                     rec.add(OVERFLOW, 1.0, variant="flag")
                 scale = None
             elif g["ptscale"] is not None:
-                rec.step = int(g["ptstep"])
+                rec.step = to_step(g["ptstep"])
                 if g["ptok"] == "False":
                     rec.add(OVERFLOW, 1.0, variant="flag")
                 scale = g["ptscale"]
             elif g["tloss"] is not None:
-                rec.step = int(g["tstep"])  # within the epoch: the epoch rides along (series.py)
-                if (v := to_float(g["tloss"])) is not None:
-                    rec.add(LOSS, v, epoch=int(g["tepoch"]))
+                rec.step = to_step(g["tstep"])  # within the epoch: the epoch rides along (series.py)
+                epoch = to_step(g["tepoch"])
+                if (v := to_float(g["tloss"])) is not None and epoch is not None:
+                    rec.add(LOSS, v, epoch=epoch)
                 scale = None
             else:
                 scale = g["lsis"] if g["lsis"] is not None else g["cur"]

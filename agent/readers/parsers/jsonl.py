@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE
-from .base import Block, Parser, Record, to_float
+from .base import Block, Parser, Record, to_float, to_step
 
 _LINE_RE = re.compile(r"^[ \t]*(\{[ \t]*\"[^\n]*\})[ \t]*\r?$", re.M)  # {"key": ...}, not {'key': ...}
 _STEP_KEYS = ("step", "global_step", "train/global_step", "iteration", "iter", "num_updates")
@@ -60,7 +60,7 @@ class JsonLinesParser(Parser):
             rec = Record(line=block.line_of(pos), pos=pos, producer=self.name)
             for key in _STEP_KEYS:
                 if (v := _num(obj.get(key))) is not None and math.isfinite(v):
-                    rec.step = int(v)
+                    rec.step = to_step(v)
                     break
             summary = "train_runtime" in obj
             for metric, keys in _KEYS:

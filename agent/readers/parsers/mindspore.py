@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from ...model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, OVERFLOW
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 
 def _tensor(group: str, dtype: str = r"\w+", value: str = FLOAT) -> str:
@@ -38,7 +38,7 @@ _RE = re.compile(
     rf"|overflow detected in epoch \d+ step \d+"
     rf"|Epoch:\[\s*\d+/\s*\d+\],\s*step:\[\s*\d+/\s*\d+\],\s*loss:\s*\[?\s*(?P<mf>{FLOAT})(?P<mfrest>[^\n]*)"
     rf"|overflow, still update, loss scale adjust to\s*(?P<yscale>{FLOAT})"
-    rf"|Epoch \d+/\d+, Step \d+/\d+, imgsize[^\n]*?\bloss:\s*(?P<yloss>{FLOAT})(?P<yrest>[^\n]*)"
+    rf"|Epoch \d+/\d+, Step \d+/\d+, imgsize[^\n]{{0,400}}?\bloss:\s*(?P<yloss>{FLOAT})(?P<yrest>[^\n]*)"
     r"|(?P<bad>Invalid loss, terminating training|loss is NAN or INF))")
 _MF_LR = re.compile(rf"\blr:\s*\[?\s*({FLOAT})")
 _MF_OVF = re.compile(r"overflow cond:\s*(True|False)")
@@ -75,7 +75,7 @@ class MindSporeParser(Parser):
                 _add(rec, LEARNING_RATE, g["dlr"])
                 _add(rec, LOSS_SCALE, g["dscale"])
             elif g["oloss"] is not None:
-                rec.step = int(g["ostep"])
+                rec.step = to_step(g["ostep"])
                 _add(rec, LOSS, g["oloss"])
                 if g["oflag"] == "True":
                     rec.add(OVERFLOW, 1.0, variant="flag")

@@ -19,10 +19,10 @@ from __future__ import annotations
 import re
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _LOSS_RE = re.compile(
-    rf"(?=[lL])(?<![A-Za-z0-9.])(?:loss|Loss|LOSS)(?:[ \t]+is[ \t]+|[ \t]*[:=][ \t]*|[ \t]+)(?:tensor\(|\[)?[ \t]*"
+    rf"(?=[lL])(?<![A-Za-z0-9.])(?:loss|Loss|LOSS)(?:[ \t]+is[ \t]+|[ \t]*[:=][ \t]*|[ \t]+)(?:(?:tensor\(|\[)[ \t]*)?"
     rf"(?P<v>{FLOAT})(?![\w.%])")
 _QUAL_RE = re.compile(r"([A-Za-z]+)[ _/-]$")
 _EVAL = {"val", "valid", "validation", "eval", "evaluation", "test", "dev"}
@@ -62,7 +62,7 @@ class UserPrintParser(Parser):
                 current = self.record(block, start)
                 s = _STEP_RE.search(line)
                 if s and (s.group(0).startswith("global") or not _EPOCH_RE.search(line)):
-                    current.step = int(s.group(1))
+                    current.step = to_step(s.group(1))
                 for extra, rx in _EXTRA:
                     if (x := rx.search(line)) and (xv := to_float(x.group(1))) is not None:
                         current.add(extra, xv)

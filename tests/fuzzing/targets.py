@@ -1,0 +1,8 @@
+"""Every fuzz target by name."""
+
+from __future__ import annotations
+
+from . import logs
+from .core import Target
+
+TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS,)}
