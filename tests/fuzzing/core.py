@@ -94,7 +94,10 @@ def _on_alarm(signum: int, frame: Any) -> None:
 def run_case(target: Target, seed: int, index: int, work: Path, slow_s: float = 2.0,
              hang_s: float = 10.0) -> tuple[float, Failure | None]:
     """Run one case in this process; (seconds, failure or None)."""
-    payload = target.make(case_rng(seed, target.name, index))
+    try:
+        payload = target.make(case_rng(seed, target.name, index))
+    except Exception as exc:  # noqa: BLE001 - a generator bug: reported, the run goes on
+        return 0.0, Failure(target.name, seed, index, "harness", f"generator failed: {exc!r}")
     d = work / f"c{index}"
     d.mkdir(parents=True, exist_ok=True)
     old = signal.signal(signal.SIGALRM, _on_alarm)
@@ -135,6 +138,8 @@ def _status_kb(key: str) -> int:
 
 def _child(target: Target, seed: int, start: int, stop: int, work: Path, progress: mmap.mmap, out: int,
            slow_s: float, hang_s: float, mem_mb: int) -> None:
+    import logging
+    logging.disable(logging.CRITICAL)  # the code under test logs every bad input: expected, noisy
     vm = _status_kb("VmSize") * 1024
     resource.setrlimit(resource.RLIMIT_AS, (vm + (mem_mb << 20), resource.RLIM_INFINITY))
     try:
@@ -213,8 +218,11 @@ def run_target(target: Target, seed: int, count: int, *, start: int = 0, slow_s:
                     kind, detail = "crash", f"child died by signal {signal.Signals(sig).name}"
                 else:
                     kind, detail = "harness", f"child exited {os.WEXITSTATUS(status)} without a report"
-                payload = target.make(case_rng(seed, target.name, idx))
-                rep.failures.append(Failure(target.name, seed, idx, kind, detail, preview(payload)))
+                try:
+                    shown = preview(target.make(case_rng(seed, target.name, idx)))
+                except Exception as exc:  # noqa: BLE001
+                    shown = f"(generator failed: {exc!r})"
+                rep.failures.append(Failure(target.name, seed, idx, kind, detail, shown))
                 rep.cases += idx - nxt + 1
                 nxt = idx + 1
                 continue

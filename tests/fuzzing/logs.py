@@ -11,7 +11,8 @@ from precision_agent.readers.parsers import FORMATS, Block, CompositeParser, Unk
 from precision_agent.readers.parsers.hints import HintsParser
 
 from .core import Target
-from .mutate import JUNK, mutate_bytes, mutate_text, pick
+from . import mutate
+from .mutate import mutate_bytes, mutate_text, pick
 
 # One or more real-shaped lines of every producer (docs/../shared/reference/log-formats.md).
 SEEDS = [
@@ -111,7 +112,8 @@ FRAGMENTS = [" iteration ", " | lm loss: ", " | loss scale: ", " | grad norm: ",
              "{'loss': 1.0, ", "Epoch:[  1/  2], step:[ 1/ 2], loss: 1.0", "DLL 2024-01-01 00:00:00 - "]
 
 
-def make_block(rng: random.Random, seeds: list[str] = SEEDS, max_len: int = 1 << 17) -> str:
+def make_block(rng: random.Random, seeds: list[str] = SEEDS, max_len: int | None = None) -> str:
+    max_len = mutate.TEXT_MAX if max_len is None else min(max_len, mutate.TEXT_MAX)
     lines = [pick(rng, seeds) for _ in range(rng.choice((1, 1, 2, 3, 6)))]
     lines = [mutate_text(rng, ln, FRAGMENTS, max_len) if rng.random() < 0.85 else ln for ln in lines]
     if rng.random() < 0.3:
@@ -161,7 +163,7 @@ def _make_hints(rng: random.Random) -> str:
     # a line of bait repeated: the regex must stay linear-ish on it
     parts = [pick(rng, HINT_BAIT) for _ in range(rng.randint(1, 4))]
     line = "".join(parts) * rng.choice((10, 1000, 20000))
-    return (pick(rng, HINT_SEEDS) + " " + line)[: 1 << 18] + "\n"
+    return (pick(rng, HINT_SEEDS) + " " + line)[: mutate.TEXT_MAX * 2] + "\n"
 
 
 def _run_hints(text: str, work: Path) -> None:
@@ -171,7 +173,7 @@ def _run_hints(text: str, work: Path) -> None:
 
 
 def _make_stream(rng: random.Random) -> tuple[bytes, int, int, int]:
-    body = make_block(rng, max_len=1 << 16).encode("utf-8", "surrogatepass")
+    body = make_block(rng).encode("utf-8", "surrogatepass")
     if rng.random() < 0.5:
         body = mutate_bytes(rng, body, hot=len(body))
     if rng.random() < 0.2:

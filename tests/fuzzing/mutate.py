@@ -13,6 +13,17 @@ NUMBERS = ["nan", "NaN", "-nan", "NAN", "nan(0x7ff)", "inf", "-inf", "Infinity",
 JUNK = ["\x00", "\r", "\r\n", "\n", "\t", "\x1b[31m", "\x1b[0m", "\x1b[2K\r", "\x1b]0;title\x07", "\ufeff",
         "\u202e", "\u200b", "\u0301", "\ud7ff", "\U0001f525", "\xa0", "\u2028", "\u3000", "\x7f", "\\", "'", '"',
         "{", "}", "[", "]", "|", ":", "=", ",", "%", "$", "{{", "}}", "\x85", "\x0c", "\x0b"]
+# The largest text a generator makes (characters): `make test` keeps cases small enough for
+# ten thousand in a minute, where a quadratic scan still takes seconds (32 KiB: ~10^9 steps);
+# the bench raises it (python -m bench.fuzz --text-max).
+TEXT_MAX = 1 << 15
+
+
+def set_text_max(n: int) -> None:
+    global TEXT_MAX
+    TEXT_MAX = n
+
+
 _NUM_RE = re.compile(r"[-+]?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|inf", re.I)
 
 
@@ -20,8 +31,10 @@ def pick(rng: random.Random, seq: list[Any]) -> Any:
     return seq[rng.randrange(len(seq))]
 
 
-def mutate_text(rng: random.Random, s: str, fragments: list[str], max_len: int = 1 << 17) -> str:
-    """One or a few hostile edits of ``s``; the result stays under ``max_len`` characters."""
+def mutate_text(rng: random.Random, s: str, fragments: list[str], max_len: int | None = None) -> str:
+    """One or a few hostile edits of ``s``; the result stays under ``max_len`` characters
+    (default ``TEXT_MAX``)."""
+    max_len = TEXT_MAX if max_len is None else min(max_len, TEXT_MAX)
     for _ in range(rng.choice((1, 1, 2, 3, 5))):
         op = rng.randrange(13)
         n = len(s)

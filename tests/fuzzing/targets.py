@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import logs
+from . import dumps, files, logs
 from .core import Target
 
-TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS,)}
+TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS, *dumps.TARGETS, *files.TARGETS)}
