@@ -1,4 +1,4 @@
-"""Every fuzz target by name."""
+"""Every fuzz target by name, and how many cases each gets in `make test`."""
 
 from __future__ import annotations
 
@@ -6,3 +6,32 @@ from . import dumps, files, logs
 from .core import Target
 
 TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS, *dumps.TARGETS, *files.TARGETS)}
+
+# Cases per `make test` run (tests/test_fuzz.py), sized so the whole suite of them takes about a
+# minute on two cores; "http" runs against the real daemon (tests/fuzzing/web.py).
+TEST_PLAN: dict[str, int] = {
+    "log_lines": 2200, "hints": 800, "logstream": 800,
+    "protobuf": 2000, "dump_npy": 1200, "dump_msprobe": 600, "dump_cann": 600, "dump_opdebug": 500,
+    "dump_mindspore": 500,
+    "rule_files": 500, "config": 500, "rules_test": 300,
+    "http": 400,
+}
+MIN_CASES = 10_000
+
+# Failures in code this suite does not own (agent/dumps, agent/compare are being hardened in a
+# parallel branch): (target, text in the failure's detail, reason). A target whose only failures
+# are these is marked xfail with the cases listed; any other failure still fails it.
+KNOWN_ISSUES: list[tuple[str, str, str]] = [
+    ("dump_npy", "NotImplementedError: zip file version",
+     "agent/dumps/npy.py open_zip: zipfile raises NotImplementedError for a member whose 'version needed "
+     "to extract' (or compression method) it does not support; neither open_zip nor discovery._read_npy "
+     "catches it, so scan_dump raises: `precision-agent scan` exits with a traceback and the daemon's "
+     "scan of that tree fails"),
+]
+
+
+def known_issue(target: str, detail: str) -> str | None:
+    for t, text, reason in KNOWN_ISSUES:
+        if t == target and text in detail:
+            return reason
+    return None

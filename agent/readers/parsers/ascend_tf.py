@@ -25,12 +25,12 @@ _RE = re.compile(
     r"(?=[FAloPCe])"  # every alternative starts with one of these: positions that cannot match fail fast
     rf"(?:(?:(?P<find>Find overflow in this step, skip apply gradients, )|Apply gradients, )"
     rf"loss scale value\s*=\s*(?P<hook>{FLOAT})"
-    rf"|loss_scale is\s*:\s*\[?\s*(?P<lsis>{FLOAT})"
-    r"|overflow_status_reduce_all\s*:\s*\[?\s*(?P<reduce>True|False)\b"
+    rf"|loss_scale is\s*:\s*(?:\[\s*)?(?P<lsis>{FLOAT})"
+    r"|overflow_status_reduce_all\s*:\s*(?:\[\s*)?(?P<reduce>True|False)\b"
     rf"|PrecisionTool: Train steps (?P<ptstep>\d+), loss_scale=(?P<ptscale>{FLOAT})"
     r"(?: / not_overflow_status=\[?\s*(?P<ptok>True|False))?"
-    rf"|Current Loss Scale\s*>>>\s*\[?\s*(?P<cur>{FLOAT})"
-    rf"|\bepoch[ \t]*:[ \t]*(?P<tepoch>\d+)[ \t]*,?[ \t]*step[ \t]*:[ \t]*(?P<tstep>\d+)[ \t]*,[ \t]*loss[ \t]*:[ \t]*"
+    rf"|Current Loss Scale\s*>>>\s*(?:\[\s*)?(?P<cur>{FLOAT})"
+    rf"|\bepoch[ \t]*:[ \t]*(?P<tepoch>\d+)[ \t]*(?:,[ \t]*)?step[ \t]*:[ \t]*(?P<tstep>\d+)[ \t]*,[ \t]*loss[ \t]*:[ \t]*"
     rf"(?P<tloss>{FLOAT})(?![\w.]))")
 
 

@@ -34,11 +34,16 @@ _KEYS = (
 )
 
 
+_INT_MAX = 1 << 1023
+
+
 def _num(raw: Any) -> float | None:
     if isinstance(raw, bool) or raw is None or isinstance(raw, (dict, list)):
         return None
-    if isinstance(raw, (int, float)):
-        return float(raw)
+    if isinstance(raw, float):
+        return raw
+    if isinstance(raw, int):  # JSON integers have no size limit; beyond float's range: none
+        return float(raw) if -_INT_MAX <= raw <= _INT_MAX else None
     return to_float(str(raw))
 
 

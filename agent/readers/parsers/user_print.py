@@ -27,7 +27,7 @@ _LOSS_RE = re.compile(
 _QUAL_RE = re.compile(r"([A-Za-z]+)[ _/-]$")
 _EVAL = {"val", "valid", "validation", "eval", "evaluation", "test", "dev"}
 _TRAIN = {"train", "training", "total", "step", "batch", "running", "iter", "the"}
-_STEP_RE = re.compile(r"\b(?:global_step|step|Step|STEP|iter|Iter|iteration|Iteration)\b\s*[:=#]?\s*(\d+)\b(?!\s*/)")
+_STEP_RE = re.compile(r"\b(?:global_step|step|Step|STEP|iter|Iter|iteration|Iteration)\b\s*(?:[:=#]\s*)?(\d+)\b(?!\s*/)")
 _EPOCH_RE = re.compile(r"\b[Ee]poch\b")
 _EXTRA = ((LEARNING_RATE, re.compile(rf"\b(?:lr|learning[ _]rate)\s*[:=]\s*\[?({FLOAT})(?![\w.])")),
           (GRAD_NORM, re.compile(rf"\b(?:grad[ _]norm|gnorm)\s*[:=]\s*({FLOAT})(?![\w.])")))
