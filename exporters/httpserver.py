@@ -100,6 +100,11 @@ class _Handler(WSGIRequestHandler):
             return False
         return True
 
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        if self.request_version == "HTTP/0.9":  # the stdlib set it from a line it then refused
+            self.request_version = "HTTP/1.0"
+        super().send_error(code, message, explain)
+
     def __init__(self, sock: socket.socket, addr: Any, server: "HttpServer", head: bytes) -> None:
         self._head = head
         super().__init__(sock, addr, server)  # type: ignore[arg-type] - duck-typed server

@@ -109,6 +109,8 @@ FOUND_LINES = {
     "step_spaces": "loss = 2.25, step" + " " * 60_000 + "x\n",
     # float() of a JSON integer beyond float's range raised OverflowError in the jsonl parser
     "json_huge_int": '{"step": 3, "loss": ' + "9" * 400 + "}\n",
+    # json.loads raised RecursionError (not a ValueError) on arrays nested thousands deep
+    "json_deep": '{"step": 3, "loss": 1.5, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
 }
 
 
@@ -126,7 +128,8 @@ def test_found_huge_step_is_no_step():
 
 
 @pytest.mark.parametrize("text,reason", [
-    ("groups: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("groups: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than 32"),
+    ("groups:\n" + "".join(" " * i + "- \n" for i in range(0, 2000, 2)), "nested"),
     ("groups: " + "{a: " * 100 + "x" + "}" * 100 + "\n", "nested deeper than 32"),
     ("a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"a{i}: &a{i} [{', '.join(['*a' + str(i - 1)] * 9)}]\n" for i in range(1, 10)) + "groups: *a9\n",
@@ -143,11 +146,39 @@ def test_found_hostile_yaml_is_a_config_error(tmp_path, text, reason):
         assert reason in str(exc.value)
 
 
+def test_found_flow_nesting_is_refused_before_pyyaml_spends_seconds(tmp_path):
+    path = tmp_path / "r.yml"
+    path.write_text("groups: " + "[" * 450 + "]" * 450 + "\n")   # PyYAML alone: ~5 s, then RecursionError
+    with pytest.raises(ConfigError, match="nested deeper than 32"):
+        _within(10, load_rule_file, path)
+    path.write_text('groups: []\n# [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\nx: "{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{"\n')
+    with pytest.raises(ConfigError, match="field x"):   # brackets in comments and strings do not count
+        load_rule_file(path)
+
+
+@pytest.mark.parametrize("value", ["9" * 400, ".inf", "9" * 400 + "h"])
+def test_found_durations_beyond_float_are_config_errors(tmp_path, value):
+    path = tmp_path / "c.yml"
+    path.write_text(f"resync_interval: {value}\n")
+    with pytest.raises(ConfigError, match="finite"):
+        load_config(path)
+
+
+def test_found_rule_test_naming_a_too_long_file_is_a_bad_file(tmp_path):
+    from precision_agent.ruletest import run_file
+    import io
+    path = tmp_path / "t_test.yml"
+    path.write_text("rule_files: [" + "x" * 5000 + ".yml]\ntests: [{name: a, input_samples: [{metric: loss, value: 1}], alert_rule_test: [{eval_time: 0s, alertname: X, exp_alerts: []}]}]\n")
+    out = io.StringIO()
+    assert run_file(path, out=out) == 2 and "File name too long" in out.getvalue()
+
+
 def test_found_http09_is_answered_with_a_status_line(tmp_path):
     (tmp_path / "logs").mkdir()
     agent = AgentProcess(tmp_path / "logs", tmp_path / "state").start()
     try:
         for raw, status in ((b"OPTIONS /metrics HTTP/0.9\r\n\r\n", b"505"), (b"PATCH /x\r\n\r\n", b"400"),
+                            (b"GET / / HTTP/0.9\r\n\r\n", b"400"),
                             (b"GET /-/healthy\r\n\r\n", b"200")):
             with socket.create_connection(("127.0.0.1", agent.port), timeout=5) as s:
                 s.sendall(raw)

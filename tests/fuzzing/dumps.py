@@ -175,7 +175,7 @@ def _make_msprobe(rng: random.Random) -> Files:
                                                      "shape": [1], "data_name": pick(rng, [
                                                          "../../../../etc/passwd", "/etc/passwd", "a/../../x.pt",
                                                          "x.pt\x00.npy", "." * 300 + ".pt", "con.pt"])}]}}
-    text = json.dumps(doc, allow_nan=True, default=str)
+    text = json.dumps(doc, allow_nan=True, default=str)[:1 << 20]  # duplicated subtrees can reach MBs
     raw = text.encode("utf-8", "surrogatepass")
     if rng.random() < 0.3:
         raw = mutate_bytes(rng, raw, hot=len(raw))

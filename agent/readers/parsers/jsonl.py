@@ -57,7 +57,7 @@ class JsonLinesParser(Parser):
         for m in _LINE_RE.finditer(block.text):
             try:
                 obj = json.loads(m.group(1))
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
                 continue
             if not isinstance(obj, dict):
                 continue
