@@ -156,7 +156,11 @@ def load_rules_for(path: Path, tf: RuleTestFile) -> RuleSet:
         for i, entry in enumerate(tf.rule_files):
             pattern = str(path.parent / entry)
             found = sorted(glob.glob(pattern)) if glob.has_magic(entry) else [pattern]
-            if not found or not all(Path(f).exists() for f in found):
+            try:
+                exists = all(Path(f).exists() for f in found)
+            except OSError as exc:  # e.g. a name too long for the file system
+                raise ConfigError(str(path), f"field rule_files.{i}", f"{entry!r}: {exc.strerror or exc}") from None
+            if not found or not exists:
                 raise ConfigError(str(path), f"field rule_files.{i}", f"{entry!r} matches no file")
             files += rule_files([Path(f) for f in found])
     rs = RuleSet()

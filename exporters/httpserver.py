@@ -85,6 +85,26 @@ class _Writer(io.RawIOBase):
 class _Handler(WSGIRequestHandler):
     """wsgiref's request handler over headers the I/O thread already read."""
 
+    # A request line without a version is HTTP/0.9 to the stdlib, which then answers with a bare
+    # body: no status line, no headers (found by the fuzz suite). Nothing scrapes that way; such
+    # a request is answered as HTTP/1.0, with a status line (400 for anything but GET).
+    default_request_version = "HTTP/1.0"
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if self.request_version == "HTTP/0.9":  # said explicitly: refused, with a status line
+            self.request_version = "HTTP/1.0"
+            self.close_connection = True
+            self.send_error(505, "HTTP/0.9 is not supported")
+            return False
+        return True
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        if self.request_version == "HTTP/0.9":  # the stdlib set it from a line it then refused
+            self.request_version = "HTTP/1.0"
+        super().send_error(code, message, explain)
+
     def __init__(self, sock: socket.socket, addr: Any, server: "HttpServer", head: bytes) -> None:
         self._head = head
         super().__init__(sock, addr, server)  # type: ignore[arg-type] - duck-typed server

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # bench/ is a top-level package of the repo, not installed
     sys.path.insert(0, str(ROOT))
 
-from bench import common, compare, idle, latency, parse, scan  # noqa: E402
+from bench import common, compare, fuzz, idle, latency, parse, scan  # noqa: E402
 
 if not Path("/proc/self/stat").exists():  # pragma: no cover - the agent targets Linux hosts
     pytest.skip("the benches read /proc", allow_module_level=True)
@@ -113,3 +113,13 @@ def test_compare_main_writes_result(tmp_path):
     assert compare.main(["--size-mib", "1", "--repeat", "1", "--results-dir", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "compare.json").read_text())
     assert res["bench"] == "compare" and all(_positive(v) for v in res["ratios"].values())
+
+
+def test_fuzz_bench_counts_cases_and_failures(tmp_path):
+    assert fuzz.main(["--seed", "5", "--scale", "0.02", "--text-max", "4096", "--target", "log_lines",
+                      "--target", "protobuf", "--target", "config", "--target", "http",
+                      "--results-dir", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "fuzz.json").read_text())
+    assert res["bench"] == "fuzz" and res["params"]["targets"] == ["log_lines", "protobuf", "config", "http"]
+    assert res["cases"] == sum(r["cases"] for r in res["targets"].values()) > 0
+    assert res["failures"] == 0 and res["cases_per_s"] > 0

@@ -19,18 +19,18 @@ from __future__ import annotations
 import re
 
 from ...model import LOSS, LOSS_SCALE, OVERFLOW
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _RE = re.compile(
     r"(?=[FAloPCe])"  # every alternative starts with one of these: positions that cannot match fail fast
     rf"(?:(?:(?P<find>Find overflow in this step, skip apply gradients, )|Apply gradients, )"
     rf"loss scale value\s*=\s*(?P<hook>{FLOAT})"
-    rf"|loss_scale is\s*:\s*\[?\s*(?P<lsis>{FLOAT})"
-    r"|overflow_status_reduce_all\s*:\s*\[?\s*(?P<reduce>True|False)\b"
+    rf"|loss_scale is\s*:\s*(?:\[\s*)?(?P<lsis>{FLOAT})"
+    r"|overflow_status_reduce_all\s*:\s*(?:\[\s*)?(?P<reduce>True|False)\b"
     rf"|PrecisionTool: Train steps (?P<ptstep>\d+), loss_scale=(?P<ptscale>{FLOAT})"
     r"(?: / not_overflow_status=\[?\s*(?P<ptok>True|False))?"
-    rf"|Current Loss Scale\s*>>>\s*\[?\s*(?P<cur>{FLOAT})"
-    rf"|\bepoch[ \t]*:[ \t]*(?P<tepoch>\d+)[ \t]*,?[ \t]*step[ \t]*:[ \t]*(?P<tstep>\d+)[ \t]*,[ \t]*loss[ \t]*:[ \t]*"
+    rf"|Current Loss Scale\s*>>>\s*(?:\[\s*)?(?P<cur>{FLOAT})"
+    rf"|\bepoch[ \t]*:[ \t]*(?P<tepoch>\d+)[ \t]*(?:,[ \t]*)?step[ \t]*:[ \t]*(?P<tstep>\d+)[ \t]*,[ \t]*loss[ \t]*:[ \t]*"
     rf"(?P<tloss>{FLOAT})(?![\w.]))")
 
 
@@ -55,14 +55,15 @@ class AscendTFParser(Parser):
                     rec.add(OVERFLOW, 1.0, variant="flag")
                 scale = None
             elif g["ptscale"] is not None:
-                rec.step = int(g["ptstep"])
+                rec.step = to_step(g["ptstep"])
                 if g["ptok"] == "False":
                     rec.add(OVERFLOW, 1.0, variant="flag")
                 scale = g["ptscale"]
             elif g["tloss"] is not None:
-                rec.step = int(g["tstep"])  # within the epoch: the epoch rides along (series.py)
-                if (v := to_float(g["tloss"])) is not None:
-                    rec.add(LOSS, v, epoch=int(g["tepoch"]))
+                rec.step = to_step(g["tstep"])  # within the epoch: the epoch rides along (series.py)
+                epoch = to_step(g["tepoch"])
+                if (v := to_float(g["tloss"])) is not None and epoch is not None:
+                    rec.add(LOSS, v, epoch=epoch)
                 scale = None
             else:
                 scale = g["lsis"] if g["lsis"] is not None else g["cur"]

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 # A float as trainers print it: plain, scientific in either case, Python/Lightning NaN forms.
-FLOAT = r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan(?:\.0)?|NaN|inf|Inf|infinity|Infinity)"
+FLOAT = r"[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan(?:\.0)?|NaN|inf|Inf|infinity|Infinity)"
 
 _SPECIAL = {"nan": math.nan, "nan.0": math.nan, "-nan": math.nan, "+nan": math.nan,
             "inf": math.inf, "+inf": math.inf, "infinity": math.inf, "+infinity": math.inf,
@@ -32,6 +32,28 @@ def to_float(text: str) -> float | None:
         return float(text)
     except ValueError:
         return _SPECIAL.get(text.strip().strip("'\"").lower())
+
+
+STEP_MAX = 1 << 63  # a step beyond int64 is no step (and int() of 4300+ digits raises)
+
+
+def to_step(value: str | float | None) -> int | None:
+    """A step number from matched digits or a finite float; None when it is not one or does not
+    fit in 64 bits (never raises: a line of 5000 digits must not cost the parser its block)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if len(value) > 19:
+            return None
+        try:
+            n = int(value)
+        except ValueError:
+            return None
+    else:
+        if not math.isfinite(value) or abs(value) >= STEP_MAX:
+            return None
+        n = int(value)
+    return n if -STEP_MAX < n < STEP_MAX else None
 
 
 def strip_ansi(text: str) -> str:

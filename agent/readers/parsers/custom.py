@@ -17,7 +17,7 @@ import math
 import re
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, OVERFLOW
-from .base import Block, Parser, Record, to_float
+from .base import Block, Parser, Record, to_float, to_step
 
 VALUE_GROUPS = {"loss": LOSS, "eval_loss": EVAL_LOSS, "grad_norm": GRAD_NORM, "loss_scale": LOSS_SCALE,
                 "lr": LEARNING_RATE}
@@ -61,7 +61,7 @@ class RegexParser(Parser):
             rec = self.record(block, pos)
             if "step" in groups and (raw := m.group("step")) and (s := to_float(raw)) is not None \
                     and math.isfinite(s):
-                rec.step = int(s)
+                rec.step = to_step(s)
             for group, metric in VALUE_GROUPS.items():
                 if group in groups and (raw := m.group(group)) and (v := to_float(raw)) is not None:
                     rec.add(metric, v)

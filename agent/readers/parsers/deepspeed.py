@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from ...model import LEARNING_RATE, LOSS_SCALE, OVERFLOW, SKIPPED_CUMULATIVE
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _RE = re.compile(
     rf"OVERFLOW! Rank (?P<zrank>\d+) Skipping step\. Attempted loss scale: (?P<za>{FLOAT}),"
@@ -48,13 +48,13 @@ class DeepSpeedParser(Parser):
                 rec.add(OVERFLOW, 1.0, variant="reduce", frm=a, to=b)
                 rec.add(LOSS_SCALE, b, frm=a)
             elif g["git"] is not None:
-                rec.step = int(g["git"])
+                rec.step = to_step(g["git"])
                 rec.add(OVERFLOW, 1.0)
             elif g["dir"] is not None:
                 a, b = to_float(g["fa"]), to_float(g["fb"])
                 rec.add(LOSS_SCALE, b, frm=a)
             else:
-                rec.step = int(g["step"])
+                rec.step = to_step(g["step"])
                 rec.add(SKIPPED_CUMULATIVE, float(g["skipped"]))
                 if g["lr"] and (lr := to_float(g["lr"])) is not None:
                     rec.add(LEARNING_RATE, lr)

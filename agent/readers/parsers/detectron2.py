@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from ...model import GRAD_NORM, LEARNING_RATE, LOSS, NONFINITE_MESSAGE
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _RE = re.compile(
     rf"\biter:\s*(?P<it>\d+)\s+total_loss:\s*(?P<loss>{FLOAT})(?P<rest>[^\n]*)"
@@ -34,10 +34,10 @@ class Detectron2Parser(Parser):
             pos = m.start()
             rec = self.record(block, pos)
             if m.group("bad") is not None:
-                rec.step = int(m.group("bad"))
+                rec.step = to_step(m.group("bad"))
                 rec.add(NONFINITE_MESSAGE, 1.0, what="loss")
             else:
-                rec.step = int(m.group("it"))
+                rec.step = to_step(m.group("it"))
                 if (v := to_float(m.group("loss"))) is not None:
                     rec.add(LOSS, v)
                 for rx, metric in ((_GN_RE, GRAD_NORM), (_LR_RE, LEARNING_RATE)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _RE = re.compile(r"\bDLL \d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)? - (?P<rest>[^\n]*)")
 _STEP_RE = re.compile(r"Iteration:\s*(\d+)")
@@ -40,9 +40,10 @@ class DLLoggerParser(Parser):
                 continue
             pos = m.start()
             st = _STEP_RE.search(rest)
-            rec = self.record(block, pos, int(st.group(1)) if st else None)
+            rec = self.record(block, pos, to_step(st.group(1)) if st else None)
             ep = _EPOCH_RE.search(rest) if st else None  # iterations may count within the epoch
-            attrs = {"epoch": int(ep.group(1))} if ep else {}
+            epoch = to_step(ep.group(1)) if ep else None
+            attrs = {"epoch": epoch} if epoch is not None else {}
             for keys, metric in _METRICS:
                 raw = next((pairs[k] for k in keys if k in pairs), None)
                 if raw is not None and (v := to_float(raw)) is not None:

@@ -26,12 +26,12 @@ import re
 from typing import Any
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, OVERFLOW
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _RE = re.compile(
     rf"overflow detected,(?: ignoring gradient,)? setting loss scale to:?\s*(?P<note>{FLOAT})"
     rf"|Minimum loss scale reached \((?P<min>{FLOAT})\)"
-    r"|\|\s*(?P<tag>train_inner|train|valid\w*)\s*\|\s*(?P<json>\{[^\n]*\})"
+    r"|\|\s*(?P<tag>train_inner|train|valid\w*)\s*\|\s*(?P<json>\{[^\n]*)"  # to the last "}" (below): linear
     r"|(?:^|\|)[ \t]*epoch[ \t]+\d+:[ \t]+\d+[ \t]*/[ \t]*\d+[ \t]+(?P<simple>\w+=[^\n]*)"
     r"|\|[ \t]*epoch[ \t]+\d+[ \t]*(?P<pipe>\|[^\n]*)", re.M)
 _KV_RE = re.compile(r"(\w+)=([^,\s]+)")
@@ -63,7 +63,8 @@ class FairseqParser(Parser):
                     rec.add(OVERFLOW, 1.0, variant="min_scale")
                     rec.add(LOSS_SCALE, v)
             elif g["json"] is not None:
-                self._json(rec, g["tag"], g["json"])
+                if (close := g["json"].rfind("}")) >= 0:
+                    self._json(rec, g["tag"], g["json"][:close + 1])
             elif g["simple"] is not None:
                 self._fields(rec, dict(_KV_RE.findall(g["simple"])), summary=False, prefix="")
             else:
@@ -93,7 +94,7 @@ class FairseqParser(Parser):
             return None if raw is None or isinstance(raw, bool) else to_float(str(raw))
 
         if (step := get("num_updates")) is not None and math.isfinite(step):
-            rec.step = int(step)
+            rec.step = to_step(step)
         if eval_:
             if (v := get("loss")) is not None:
                 rec.add(EVAL_LOSS, v)

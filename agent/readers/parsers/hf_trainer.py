@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 # A dict that opens with a quoted key; the body runs to its "}" or to the end of the line/frame.
 _DICT_RE = re.compile(r"(?:\bStep:\s*(?P<step>\d+)\s*)?\{(?P<body>'[A-Za-z_][^'\n\r]*'\s*:[^\n\r{}]*)(?P<close>\})?")
@@ -41,12 +41,12 @@ class HFTrainerParser(Parser):
             if not any(k in pairs for k in _METRICS):
                 continue  # summary dicts, configs, other dicts
             pos = m.start()
-            step = int(m.group("step")) if m.group("step") else None
+            step = to_step(m.group("step")) if m.group("step") else None
             if step is None:
                 for key in _STEP_KEYS:
                     raw = pairs.get(key, "").strip("'").split("/")[0]
                     if raw.isdigit():
-                        step = int(raw)
+                        step = to_step(raw)
                         break
             rec = self.record(block, pos, step)
             for key, metric in _METRICS.items():

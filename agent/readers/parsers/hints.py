@@ -45,7 +45,6 @@ _RE = re.compile(
     r"|(?<![\w.])(?P<kw>fp16|bf16)=True(?=[,)]|\s*$)"
     r"|['\"](?P<dict>fp16|bf16)['\"]\s*:\s*(?:True|true)\b"
     r"|\"(?P<json>fp16|bf16)\"\s*:\s*\{\s*\"enabled\"\s*:\s*(?:true|True)\b"
-    r"|(?:python3?|torchrun|deepspeed|accelerate launch|\.py|\.sh)\b[^\n]*?\s--(?P<flag>fp16|bf16)(?=\s|$)"
     r"|\b[Mm]ixed[_ ]precision(?: type)?\s*[:= ]\s*['\"]?(?P<accel>fp16|bf16|no)\b"
     r"|\bUsing (?P<pl>16bit|bfloat16)\b[^\n]{0,20}Automatic Mixed Precision"
     r"|\bSelected optimization level O(?P<apex>[0-3])\b"
@@ -55,12 +54,18 @@ _RE = re.compile(
     # end of training
     r"|(?P<end>\[after training is done\]|\bexiting program at iteration \d+"
     r"|\bTraining completed(?=[.!]|\s*$)|`Trainer\.fit` stopped|\bdone training in [\d.]+ seconds"
-    r"|\bProcess \d+ exits successfully|\bTotal training time:|\{'train_runtime':"
-    r"|\"key\": \"run_stop\"[^\n]*\"status\": \"success\")")
+    r"|\bProcess \d+ exits successfully|\bTotal training time:|\{'train_runtime':)")
+# The two statements that span a line (a launcher ... its flag; MLPerf's run_stop ... its status)
+# are found by ``_spanning``, one pass over the line each: as regex alternatives (``[^\n]*?``
+# from every launcher word or run_stop key) they were quadratic, and a hostile 1 MB line of
+# ``.py .py ... fp16`` held the reader for minutes.
+_LAUNCH_RE = re.compile(r"(?:python3?|torchrun|deepspeed|accelerate launch|\.py|\.sh)\b")
+_FLAG_RE = re.compile(r"\s--(fp16|bf16)(?=\s|$)")
+_RUN_STOP, _SUCCESS = '"key": "run_stop"', '"status": "success"'
 
 _MODES = {"fp16": "fp16", "bf16": "bf16", "bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
           "16bit": "fp16", "no": "fp32"}
-_PREC_GROUPS = ("dump", "pdtype", "ds", "kw", "dict", "json", "flag", "accel", "pl", "ms")
+_PREC_GROUPS = ("dump", "pdtype", "ds", "kw", "dict", "json", "accel", "pl", "ms")
 
 
 class HintsParser(Parser):
@@ -88,11 +93,39 @@ class HintsParser(Parser):
                 lines[start] = end
                 i = text.find(kw, end)
         out: list[Record] = []
+        spanning = False
         for start in sorted(lines):
             for m in _RE.finditer(text, start, lines[start]):
                 rec = self._record(block, m)
                 if rec is not None:
                     out.append(rec)
+            more = self._spanning(block, start, lines[start])
+            if more:
+                out.extend(more)
+                spanning = True
+        if spanning:  # records in text order, as the composite parser expects
+            out.sort(key=lambda r: r.pos)
+        return out
+
+    def _spanning(self, block: Block, start: int, end: int) -> list[Record]:
+        """``--fp16``/``--bf16`` after a launcher word on the line (each flag with a launcher
+        since the previous flag), and a ``run_stop`` key with a success status after it."""
+        text, out = block.text, []
+        at = start
+        while (launch := _LAUNCH_RE.search(text, at, end)) is not None:
+            flag = _FLAG_RE.search(text, launch.end(), end)
+            if flag is None:
+                break
+            rec = self.record(block, launch.start())
+            mode = _MODES[flag.group(1)]
+            rec.add(PRECISION, 1.0, source=text[launch.start():flag.end()][:60].strip(), mode=mode)
+            out.append(rec)
+            at = flag.end()
+        key = text.find(_RUN_STOP, start, end)
+        if key >= 0 and text.find(_SUCCESS, key + len(_RUN_STOP), end) >= 0:
+            rec = self.record(block, key)
+            rec.add(TRAINING_END, 1.0, marker=text[key:end][:60])
+            out.append(rec)
         return out
 
     def _record(self, block: Block, m: re.Match[str]) -> Record | None:

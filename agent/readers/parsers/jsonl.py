@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE
-from .base import Block, Parser, Record, to_float
+from .base import Block, Parser, Record, to_float, to_step
 
 _LINE_RE = re.compile(r"^[ \t]*(\{[ \t]*\"[^\n]*\})[ \t]*\r?$", re.M)  # {"key": ...}, not {'key': ...}
 _STEP_KEYS = ("step", "global_step", "train/global_step", "iteration", "iter", "num_updates")
@@ -34,11 +34,16 @@ _KEYS = (
 )
 
 
+_INT_MAX = 1 << 1023
+
+
 def _num(raw: Any) -> float | None:
     if isinstance(raw, bool) or raw is None or isinstance(raw, (dict, list)):
         return None
-    if isinstance(raw, (int, float)):
-        return float(raw)
+    if isinstance(raw, float):
+        return raw
+    if isinstance(raw, int):  # JSON integers have no size limit; beyond float's range: none
+        return float(raw) if -_INT_MAX <= raw <= _INT_MAX else None
     return to_float(str(raw))
 
 
@@ -52,7 +57,7 @@ class JsonLinesParser(Parser):
         for m in _LINE_RE.finditer(block.text):
             try:
                 obj = json.loads(m.group(1))
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
                 continue
             if not isinstance(obj, dict):
                 continue
@@ -60,7 +65,7 @@ class JsonLinesParser(Parser):
             rec = Record(line=block.line_of(pos), pos=pos, producer=self.name)
             for key in _STEP_KEYS:
                 if (v := _num(obj.get(key))) is not None and math.isfinite(v):
-                    rec.step = int(v)
+                    rec.step = to_step(v)
                     break
             summary = "train_runtime" in obj
             for metric, keys in _KEYS:

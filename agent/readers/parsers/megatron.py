@@ -20,7 +20,7 @@ import re
 from operator import attrgetter
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, SKIPPED_INTERVAL
-from .base import _TS_CACHE, Block, Parser, Record, line_spans, merge_spans, minute_seconds, to_float
+from .base import _TS_CACHE, Block, Parser, Record, line_spans, merge_spans, minute_seconds, to_float, to_step
 
 _VALID_RE = re.compile(r"validation loss at iteration\s+(\d+)\s*\|([^\n]*)")
 _ITER_FIELDS = (("lm loss:", LOSS), ("loss scale:", LOSS_SCALE), ("grad norm:", GRAD_NORM),
@@ -239,7 +239,7 @@ class MegatronParser(Parser):
             rec.line = line
             rec.pos = start + 1 if minute is None else start + _STAMPED_AT
             rec.values = values
-            rec.step = int(step)
+            rec.step = int(step) if len(step) < 19 else None  # int64 (to_step, inline)
             if minute is None:
                 rec.log_time = None
             else:
@@ -264,7 +264,7 @@ class MegatronParser(Parser):
             for m in _VALID_RE.finditer(text, start, end):
                 if (v := _field(m.group(2), "lm loss value:")) is None:
                     continue
-                rec = self.record(block, m.start(), int(m.group(1)))
+                rec = self.record(block, m.start(), to_step(m.group(1)))
                 rec.add(EVAL_LOSS, v)
                 out.append(rec)
 
@@ -285,4 +285,4 @@ class MegatronParser(Parser):
                 line_start = text.rfind("\n", 0, bracket) + 1
                 if pos >= line_start + 120 or (bracket != line_start and not text[line_start:bracket].isspace()):
                     stamp = None
-            out.append(new(pos, int(step), name, values, stamp))
+            out.append(new(pos, to_step(step), name, values, stamp))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from ...model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, OVERFLOW
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 
 def _tensor(group: str, dtype: str = r"\w+", value: str = FLOAT) -> str:
@@ -36,14 +36,14 @@ _RE = re.compile(
     rf"|step:\s*(?P<ostep>\d+),\s*outputs are \(\s*{_tensor('oloss')},\s*"
     rf"{_tensor('oflag', 'Bool', 'True|False')}(?:,\s*{_tensor('oscale')})?"
     rf"|overflow detected in epoch \d+ step \d+"
-    rf"|Epoch:\[\s*\d+/\s*\d+\],\s*step:\[\s*\d+/\s*\d+\],\s*loss:\s*\[?\s*(?P<mf>{FLOAT})(?P<mfrest>[^\n]*)"
+    rf"|Epoch:\[\s*\d+/\s*\d+\],\s*step:\[\s*\d+/\s*\d+\],\s*loss:\s*(?:\[\s*)?(?P<mf>{FLOAT})(?P<mfrest>[^\n]*)"
     rf"|overflow, still update, loss scale adjust to\s*(?P<yscale>{FLOAT})"
-    rf"|Epoch \d+/\d+, Step \d+/\d+, imgsize[^\n]*?\bloss:\s*(?P<yloss>{FLOAT})(?P<yrest>[^\n]*)"
+    rf"|Epoch \d+/\d+, Step \d+/\d+, imgsize[^\n]{{0,400}}?\bloss:\s*(?P<yloss>{FLOAT})(?P<yrest>[^\n]*)"
     r"|(?P<bad>Invalid loss, terminating training|loss is NAN or INF))")
-_MF_LR = re.compile(rf"\blr:\s*\[?\s*({FLOAT})")
+_MF_LR = re.compile(rf"\blr:\s*(?:\[\s*)?({FLOAT})")
 _MF_OVF = re.compile(r"overflow cond:\s*(True|False)")
-_MF_SCALE = re.compile(rf"loss_scale:\s*\[?\s*({FLOAT})")
-_MF_GNORM = re.compile(rf"global_norm:\s*\[?\s*({FLOAT})")
+_MF_SCALE = re.compile(rf"loss_scale:\s*(?:\[\s*)?({FLOAT})")
+_MF_GNORM = re.compile(rf"global_norm:\s*(?:\[\s*)?({FLOAT})")
 _Y_LR = re.compile(rf"cur_lr:\s*({FLOAT})")
 
 
@@ -75,7 +75,7 @@ class MindSporeParser(Parser):
                 _add(rec, LEARNING_RATE, g["dlr"])
                 _add(rec, LOSS_SCALE, g["dscale"])
             elif g["oloss"] is not None:
-                rec.step = int(g["ostep"])
+                rec.step = to_step(g["ostep"])
                 _add(rec, LOSS, g["oloss"])
                 if g["oflag"] == "True":
                     rec.add(OVERFLOW, 1.0, variant="flag")

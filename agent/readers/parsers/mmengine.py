@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from ...model import GRAD_NORM, LEARNING_RATE, LOSS
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _RE = re.compile(
     r"\b(?:Epoch(?:\(train\))?\s*\[\s*(?P<ep>\d+)\]\s*\[\s*(?P<i>\d+)/\s*(?P<n>\d+)\]"
@@ -42,9 +42,10 @@ class MMEngineParser(Parser):
             if "loss" not in fields and "lr" not in fields:
                 continue  # a progress message, not a metrics line
             if m.group("it") is not None:
-                step = int(m.group("it"))
+                step = to_step(m.group("it"))
             else:
-                step = (int(m.group("ep")) - 1) * int(m.group("n")) + int(m.group("i"))
+                ep, n, i = to_step(m.group("ep")), to_step(m.group("n")), to_step(m.group("i"))
+                step = to_step(float((ep - 1) * n + i)) if None not in (ep, n, i) else None
             pos = m.start()
             rec = self.record(block, pos, step)
             for key, metric in _METRICS.items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from ...model import EVAL_LOSS, LOSS
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _RE = re.compile(
     rf"\biter\s+(?P<it>\d+):\s*loss\s+(?P<loss>{FLOAT})"
@@ -29,7 +29,7 @@ class NanoGPTParser(Parser):
         for m in _RE.finditer(block.text):
             pos = m.start()
             step = m.group("it") if m.group("it") is not None else m.group("st")
-            rec = self.record(block, pos, int(step))
+            rec = self.record(block, pos, to_step(step))
             for grp, metric in (("loss", LOSS), ("train", LOSS), ("val", EVAL_LOSS)):
                 if m.group(grp) is not None and (v := to_float(m.group(grp))) is not None:
                     rec.add(metric, v)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import re
 
 from ...model import EVAL_LOSS, LOSS, NONFINITE_MESSAGE
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _RE = re.compile(
     r"(?P<div>Model diverged with loss = (?:NaN|nan|inf|Inf))"
     rf"|(?<![\w.])loss = (?P<loss>{FLOAT}), step = (?P<step>\d+)"
-    rf"|Saving dict for global step (?P<es>\d+):[^\n]*?(?<![\w.])loss = (?P<eval>{FLOAT})"
+    rf"|Saving dict for global step (?P<es>\d+):[^\n]{{0,2000}}?(?<![\w.])loss = (?P<eval>{FLOAT})"
 )
 
 
@@ -39,11 +39,11 @@ class TFEstimatorParser(Parser):
             if m.group("div"):
                 rec.add(NONFINITE_MESSAGE, 1.0, what="loss")
             elif m.group("loss") is not None:
-                rec.step = int(m.group("step"))
+                rec.step = to_step(m.group("step"))
                 if (v := to_float(m.group("loss"))) is not None:
                     rec.add(LOSS, v)
             else:
-                rec.step = int(m.group("es"))
+                rec.step = to_step(m.group("es"))
                 if (v := to_float(m.group("eval"))) is not None:
                     rec.add(EVAL_LOSS, v)
             if rec.values:

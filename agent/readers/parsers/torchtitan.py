@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 
 from ...model import GRAD_NORM, LEARNING_RATE, LOSS
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _C = r"(?:\[[\d;]*m|m)?"  # a colour-code leftover before a field name
 _RE = re.compile(
     rf"(?<![A-Za-ln-z_])step:\s*(?P<step>\d+)\s+{_C}loss:\s*(?P<loss>{FLOAT})"
-    rf"(?:\s+{_C}grad_norm:\s*(?P<gn>{FLOAT}))?(?:[^\n]*?(?<![\w.])lr:\s*(?P<lr>{FLOAT}))?"
+    rf"(?:\s+{_C}grad_norm:\s*(?P<gn>{FLOAT}))?(?:[^\n]{{0,400}}?(?<![\w.])lr:\s*(?P<lr>{FLOAT}))?"
 )
 
 
@@ -31,7 +31,7 @@ class TorchtitanParser(Parser):
         out: list[Record] = []
         for m in _RE.finditer(block.text):
             pos = m.start()
-            rec = self.record(block, pos, int(m.group("step")))
+            rec = self.record(block, pos, to_step(m.group("step")))
             loss = to_float(m.group("loss"))
             if loss is not None and loss != -1.0:  # -1.0: pipeline stage without the loss
                 rec.add(LOSS, loss)

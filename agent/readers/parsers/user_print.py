@@ -19,15 +19,15 @@ from __future__ import annotations
 import re
 
 from ...model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS
-from .base import FLOAT, Block, Parser, Record, to_float
+from .base import FLOAT, Block, Parser, Record, to_float, to_step
 
 _LOSS_RE = re.compile(
-    rf"(?=[lL])(?<![A-Za-z0-9.])(?:loss|Loss|LOSS)(?:[ \t]+is[ \t]+|[ \t]*[:=][ \t]*|[ \t]+)(?:tensor\(|\[)?[ \t]*"
+    rf"(?=[lL])(?<![A-Za-z0-9.])(?:loss|Loss|LOSS)(?:[ \t]+is[ \t]+|[ \t]*[:=][ \t]*|[ \t]+)(?:(?:tensor\(|\[)[ \t]*)?"
     rf"(?P<v>{FLOAT})(?![\w.%])")
 _QUAL_RE = re.compile(r"([A-Za-z]+)[ _/-]$")
 _EVAL = {"val", "valid", "validation", "eval", "evaluation", "test", "dev"}
 _TRAIN = {"train", "training", "total", "step", "batch", "running", "iter", "the"}
-_STEP_RE = re.compile(r"\b(?:global_step|step|Step|STEP|iter|Iter|iteration|Iteration)\b\s*[:=#]?\s*(\d+)\b(?!\s*/)")
+_STEP_RE = re.compile(r"\b(?:global_step|step|Step|STEP|iter|Iter|iteration|Iteration)\b\s*(?:[:=#]\s*)?(\d+)\b(?!\s*/)")
 _EPOCH_RE = re.compile(r"\b[Ee]poch\b")
 _EXTRA = ((LEARNING_RATE, re.compile(rf"\b(?:lr|learning[ _]rate)\s*[:=]\s*\[?({FLOAT})(?![\w.])")),
           (GRAD_NORM, re.compile(rf"\b(?:grad[ _]norm|gnorm)\s*[:=]\s*({FLOAT})(?![\w.])")))
@@ -62,7 +62,7 @@ class UserPrintParser(Parser):
                 current = self.record(block, start)
                 s = _STEP_RE.search(line)
                 if s and (s.group(0).startswith("global") or not _EPOCH_RE.search(line)):
-                    current.step = int(s.group(1))
+                    current.step = to_step(s.group(1))
                 for extra, rx in _EXTRA:
                     if (x := rx.search(line)) and (xv := to_float(x.group(1))) is not None:
                         current.add(extra, xv)

@@ -1,0 +1,40 @@
+"""Every fuzz target by name, and how many cases each gets in `make test`."""
+
+from __future__ import annotations
+
+from . import dumps, files, logs
+from .core import Target
+
+TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS, *dumps.TARGETS, *files.TARGETS)}
+
+# Cases per `make test` run (tests/test_fuzz.py), sized so the whole suite of them takes about a
+# minute on two cores; "http" runs against the real daemon (tests/fuzzing/web.py).
+TEST_PLAN: dict[str, int] = {
+    "log_lines": 2200, "hints": 800, "logstream": 800,
+    "protobuf": 2000, "dump_npy": 1200, "dump_msprobe": 600, "dump_cann": 600, "dump_opdebug": 500,
+    "dump_mindspore": 500,
+    "rule_files": 500, "config": 500, "rules_test": 300,
+    "http": 400,
+}
+MIN_CASES = 10_000
+
+# Failures in code this suite does not own (agent/dumps, agent/compare are being hardened in a
+# parallel branch): (target name prefix, text in the failure's detail, reason). A target whose only failures
+# are these is marked xfail with the cases listed; any other failure still fails it.
+KNOWN_ISSUES: list[tuple[str, str, str]] = [
+    ("dump_", "NotImplementedError: zip file version",
+     "agent/dumps/npy.py open_zip: zipfile raises NotImplementedError for a member whose 'version needed "
+     "to extract' it does not support (.npz, and .pt through the same helper); neither open_zip nor "
+     "discovery catches it, so scan_dump raises: `precision-agent scan` exits with a traceback and the "
+     "daemon's scan of that tree fails"),
+    ("dump_", "IndexError: string index out of range at zipfile.py",
+     "agent/dumps/npy.py read_npz: a zip member with an empty name makes ZipInfo.is_dir() raise IndexError "
+     "(filename[-1]); it escapes read_npz, discovery._read_npy and scan_dump"),
+]
+
+
+def known_issue(target: str, detail: str) -> str | None:
+    for prefix, text, reason in KNOWN_ISSUES:
+        if target.startswith(prefix) and text in detail:
+            return reason
+    return None
