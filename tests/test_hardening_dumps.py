@@ -419,3 +419,30 @@ def test_pages_are_kept_only_for_trees_a_comparison_reads(tmp_path):
     assert flow.keep_cache(str(tmp_path / "cmp" / "step1"))
     assert flow.keep_cache(str(tmp_path / "bench" / "step1"))
     assert not flow.keep_cache(str(tmp_path / "plain" / "step1"))
+
+
+def test_zip_members_zipfile_cannot_handle_are_errors_not_crashes(tmp_path):
+    """Found by the fuzz suite: a member needing a zip version zipfile lacks (NotImplementedError)
+    and a member with an empty name (IndexError inside zipfile) made scan_dump raise."""
+    import io
+    import zipfile
+    from precision_agent.dumps.scan import scan_dump
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        arr = io.BytesIO()
+        np.save(arr, np.ones(3, np.float32))
+        zf.writestr("a.npy", arr.getvalue())
+    raw = bytearray(buf.getvalue())
+    cd = raw.rfind(b"PK\x01\x02")
+    raw[cd + 6:cd + 8] = (255).to_bytes(2, "little")  # version needed to extract: 25.5, beyond zipfile
+    raw[4:6] = (255).to_bytes(2, "little")
+    (tmp_path / "version.npz").write_bytes(bytes(raw))
+    empty = io.BytesIO()
+    with zipfile.ZipFile(empty, "w") as zf:
+        zf.writestr(zipfile.ZipInfo(""), b"x")
+    (tmp_path / "empty.npz").write_bytes(empty.getvalue())
+    np.save(tmp_path / "nan.npy", np.array([1.0, np.nan], np.float32))
+    r = scan_dump(tmp_path)
+    assert r["first_nonfinite"]["op"] == "nan.npy"
+    bad = {e[0].rsplit("/", 1)[-1] if isinstance(e, tuple) else e["path"].rsplit("/", 1)[-1] for e in r["errors"]}
+    assert "empty.npz" in bad

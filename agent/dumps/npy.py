@@ -103,7 +103,8 @@ def open_zip(path: str, *, max_members: int, max_uncompressed: int) -> zipfile.Z
     """Open a zip and check its directory before anything is decompressed."""
     try:
         zf = _ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+        # NotImplementedError: a member needs a zip feature (version, compression) zipfile lacks
         raise DumpError(f"{path}: not a readable zip: {exc}") from None
     try:
         infos = zf.infolist()
@@ -111,6 +112,8 @@ def open_zip(path: str, *, max_members: int, max_uncompressed: int) -> zipfile.Z
             raise DumpError(f"{path}: zip has {len(infos)} members (limit {max_members})")
         total = 0
         for info in infos:
+            if not info.filename:  # zipfile's own ZipInfo.is_dir() fails on an empty name
+                raise DumpError(f"{path}: zip member with an empty name")
             check_member(path, info)
             total += info.file_size
         if total > max_uncompressed:
@@ -180,7 +183,7 @@ def read_member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: in
     try:
         with zf.open(info) as fh:
             data = fh.read(info.file_size + 1)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError, NotImplementedError) as exc:
         raise DumpError(f"{path}:{info.filename}: cannot read zip member: {exc}") from None
     except Exception as exc:  # zlib.error and friends
         raise DumpError(f"{path}:{info.filename}: corrupt zip member: {exc}") from None
@@ -207,7 +210,7 @@ def member_array(path: str, info: zipfile.ZipInfo, dtype: np.dtype, count: int, 
             data = read_member(path, zf, info, min(limit, LIMITS.max_decompressed_bytes))
     except DumpError:
         raise
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
         raise DumpError(f"{path}:{info.filename}: cannot read: {exc}") from None
     return np.frombuffer(data, dtype=dtype, count=count, offset=skip)
 

@@ -124,7 +124,7 @@ def _zip_blocks(reg: ZipRegion, n: int, work: np.dtype, swap: bool, drop_cache: 
                     beat()
         except DumpError:
             raise
-        except (zipfile.BadZipFile, EOFError, ValueError, RuntimeError, KeyError) as exc:
+        except (zipfile.BadZipFile, EOFError, ValueError, RuntimeError, KeyError, NotImplementedError) as exc:
             raise DumpError(f"{reg.path}:{reg.member}: cannot inflate: {exc}") from None
         except zlib.error as exc:
             raise DumpError(f"{reg.path}:{reg.member}: corrupt member: {exc}") from None

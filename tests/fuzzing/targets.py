@@ -22,14 +22,8 @@ MIN_CASES = 10_000
 # parallel branch): (target name prefix, text in the failure's detail, reason). A target whose only failures
 # are these is marked xfail with the cases listed; any other failure still fails it.
 KNOWN_ISSUES: list[tuple[str, str, str]] = [
-    ("dump_", "NotImplementedError: zip file version",
-     "agent/dumps/npy.py open_zip: zipfile raises NotImplementedError for a member whose 'version needed "
-     "to extract' it does not support (.npz, and .pt through the same helper); neither open_zip nor "
-     "discovery catches it, so scan_dump raises: `precision-agent scan` exits with a traceback and the "
-     "daemon's scan of that tree fails"),
-    ("dump_", "IndexError: string index out of range at zipfile.py",
-     "agent/dumps/npy.py read_npz: a zip member with an empty name makes ZipInfo.is_dir() raise IndexError "
-     "(filename[-1]); it escapes read_npz, discovery._read_npy and scan_dump"),
+    # none at present: the two dump-reader crashes the suite found (zipfile's NotImplementedError for
+    # an unsupported member version, IndexError for an empty member name) are DumpErrors now
 ]
 
 
