@@ -14,7 +14,7 @@ TEST_PLAN: dict[str, int] = {
     "protobuf": 2000, "dump_npy": 1200, "dump_msprobe": 600, "dump_cann": 600, "dump_opdebug": 500,
     "dump_mindspore": 500,
     "rule_files": 500, "config": 500, "rules_test": 300,
-    "http": 400,
+    "http": 1500,
 }
 MIN_CASES = 10_000
 
