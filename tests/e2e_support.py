@@ -16,8 +16,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import pytest
 
@@ -276,3 +277,26 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     append_megatron(Path(args[0]), int(args[1]), [float(s) for s in args[2].split(",")],
                     pause=float(args[3]) if len(args) > 3 else 0.05)
+
+
+@contextmanager
+def running_alertmanager(config: dict[str, Any], root: Path) -> Iterator[str]:
+    """A real Alertmanager on 127.0.0.1 with ``config`` (its data under ``root``), yielding its URL;
+    skipped where it cannot run, and a failure then under CI=true."""
+    import yaml
+    binary = find_binary("prometheus-alertmanager")
+    wrapper, why = alertmanager_wrapper(binary)
+    if why:
+        if in_ci():
+            pytest.fail(f"CI=true but Alertmanager cannot run: {why}", pytrace=False)
+        pytest.skip(f"Alertmanager cannot run: {why}")
+    cfg = root / "alertmanager.yml"
+    cfg.write_text(yaml.safe_dump(config))
+    (root / "data").mkdir()
+    proc, port = start_listening("alertmanager", lambda p: [
+        *wrapper, binary, f"--config.file={cfg}", f"--storage.path={root / 'data'}",
+        f"--web.listen-address=127.0.0.1:{p}", "--cluster.listen-address=", "--log.level=info"], root)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        assert not stop_all([proc])

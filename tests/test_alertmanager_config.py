@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import yaml
 
-from e2e_support import (REPO, alertmanager_wrapper, find_binary, get_json, in_ci, start_listening, stop_all,
-                         wait_until)
+from e2e_support import REPO, find_binary, get_json, running_alertmanager, wait_until
 from test_e2e_prometheus import WebhookSink
 
 AM_DIR = REPO / "exporters" / "alertmanager"
@@ -111,13 +109,6 @@ def test_amtool_routes_test_can_fail() -> None:
 def shipped_am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, WebhookSink]]:
     """Alertmanager running the shipped file with two changes only: the placeholder webhooks
     point at a sink in this process, and group_wait/group_interval are 1s instead of 30s/5m."""
-    binary = find_binary("prometheus-alertmanager")
-    wrapper, why = alertmanager_wrapper(binary)
-    if why:
-        if in_ci():
-            pytest.fail(f"CI=true but Alertmanager cannot run: {why}", pytrace=False)
-        pytest.skip(f"Alertmanager cannot run: {why}")
-    root = tmp_path_factory.mktemp("am-shipped")
     sink = WebhookSink()
     cfg = _config()
     for r in cfg["receivers"]:
@@ -125,16 +116,11 @@ def shipped_am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
             path = hook["url"].split("/", 3)[3]
             hook["url"] = f"http://127.0.0.1:{sink.port}/{path}"
     cfg["route"].update(group_wait="1s", group_interval="1s")
-    (root / "alertmanager.yml").write_text(yaml.safe_dump(cfg))
-    (root / "data").mkdir()
-    proc, port = start_listening("alertmanager", lambda p: [
-        *wrapper, binary, f"--config.file={root / 'alertmanager.yml'}", f"--storage.path={root / 'data'}",
-        f"--web.listen-address=127.0.0.1:{p}", "--cluster.listen-address=", "--log.level=info"], root)
     try:
-        yield f"http://127.0.0.1:{port}", sink
+        with running_alertmanager(cfg, tmp_path_factory.mktemp("am-shipped")) as url:
+            yield url, sink
     finally:
         sink.close()
-        assert not stop_all([proc])
 
 
 def _alert(name: str, **labels: str) -> dict[str, Any]:

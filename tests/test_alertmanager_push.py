@@ -26,8 +26,7 @@ import yaml
 from pydantic import ValidationError
 
 from conftest import wait_for
-from e2e_support import (alertmanager_wrapper, find_binary, get_json, http_get, in_ci, megatron_line, start_listening,
-                         stop_all)
+from e2e_support import get_json, http_get, megatron_line, running_alertmanager, start_listening, stop_all
 from test_e2e_prometheus import WebhookSink
 
 from precision_agent.exporters.alertmanager import (AlertmanagerCollector, AlertmanagerConfig,
@@ -63,29 +62,16 @@ class Job:
 
 @pytest.fixture(scope="module")
 def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, WebhookSink]]:
-    binary = find_binary("prometheus-alertmanager")
-    wrapper, why = alertmanager_wrapper(binary)
-    if why:
-        if in_ci():
-            pytest.fail(f"CI=true but Alertmanager cannot run: {why}", pytrace=False)
-        pytest.skip(f"Alertmanager cannot run: {why}")
-    root = tmp_path_factory.mktemp("am")
     sink = WebhookSink()
-    cfg = root / "alertmanager.yml"
-    cfg.write_text(yaml.safe_dump({
-        "route": {"receiver": "hook", "group_by": ["alertname", "run"], "group_wait": "0s",
-                  "group_interval": "1s", "repeat_interval": "1h"},
-        "receivers": [{"name": "hook", "webhook_configs": [
-            {"url": f"http://127.0.0.1:{sink.port}/hook", "send_resolved": True}]}]}))
-    (root / "data").mkdir()
-    proc, port = start_listening("alertmanager", lambda p: [
-        *wrapper, binary, f"--config.file={cfg}", f"--storage.path={root / 'data'}",
-        f"--web.listen-address=127.0.0.1:{p}", "--cluster.listen-address=", "--log.level=info"], root)
+    config = {"route": {"receiver": "hook", "group_by": ["alertname", "run"], "group_wait": "0s",
+                        "group_interval": "1s", "repeat_interval": "1h"},
+              "receivers": [{"name": "hook", "webhook_configs": [
+                  {"url": f"http://127.0.0.1:{sink.port}/hook", "send_resolved": True}]}]}
     try:
-        yield f"http://127.0.0.1:{port}", sink
+        with running_alertmanager(config, tmp_path_factory.mktemp("am")) as url:
+            yield url, sink
     finally:
         sink.close()
-        assert not stop_all([proc])
 
 
 def _am_alerts(url: str, run: str) -> list[dict[str, Any]]:
