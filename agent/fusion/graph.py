@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Union
 
-from . import prototext
+from . import FusionFileError, prototext
 from .prototext import Message
 
 MAX_GRAPH_BYTES = 512 << 20  # a Build graph without weights (DUMP_GE_GRAPH=2) is far smaller
@@ -32,12 +32,8 @@ ORIGIN_INDEX = "_datadump_origin_output_index"
 AttrValue = Union[str, int, float, bool, tuple[Union[str, int, float, bool], ...], None]
 
 
-class GraphFormatError(ValueError):
-    """A graph file that cannot be read: names the file and the reason."""
-
-    def __init__(self, file: str, reason: str) -> None:
-        self.file, self.reason = file, reason
-        super().__init__(f"{file}: {reason}")
+class GraphFormatError(FusionFileError):
+    """A graph file that cannot be read."""
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,16 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import FusionFileError
+
 MAX_REPORT_BYTES = 64 << 20  # a real report is a few KB; refuse anything that could exhaust memory
 GRAPH_FUSION, UB_FUSION = "graph_fusion", "ub_fusion"
 _KEYED = re.compile(r"session_and_graph_id_(\d+)_(\d+)\Z")
 _MAX_COUNT_DIGITS = 18
 
 
-class FusionReportError(ValueError):
-    """A fusion report that cannot be read: names the file and the reason."""
-
-    def __init__(self, file: str, reason: str) -> None:
-        self.file, self.reason = file, reason
-        super().__init__(f"{file}: {reason}")
+class FusionReportError(FusionFileError):
+    """A fusion report that cannot be read."""
 
 
 @dataclass(frozen=True)
