@@ -33,9 +33,9 @@ def _write_log(path: Path, lines: int) -> None:
 
 
 def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
-    from precision_agent.pipeline import Pipeline
+    from precision_agent.engine.pipeline import Pipeline
     from precision_agent.readers.logstream import LogStream
-    from precision_agent.rulefile import default_rules_dir, load_rules
+    from precision_agent.engine.rulefile import default_rules_dir, load_rules
 
     with tempfile.TemporaryDirectory(prefix="pa-parse-") as tmp:
         path = Path(tmp) / "megatron.log"

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__, kernels
 from ..model import AlertState
-from ..pipeline import Pipeline
+from ..engine.pipeline import Pipeline
 
 if TYPE_CHECKING:  # pragma: no cover - typing only (the daemon imports this module)
-    from ..daemon import Agent
+    from ..daemon.agent import Agent
 
 
 def alerts_json(pipeline: Pipeline) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 from ..health import Health
 from ..model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, Labels
-from ..pipeline import Pipeline
+from ..engine.pipeline import Pipeline
 from .. import __version__, kernels
 
 P = "precision_agent_"

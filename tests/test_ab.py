@@ -11,8 +11,8 @@ import pytest
 
 from precision_agent.detectors.ab import AbParams, Curve, judge
 from precision_agent.model import LOSS, LOSS_SCALE, Sample, SourcePos
-from precision_agent.pipeline import Pipeline
-from precision_agent.rulefile import default_rules_dir, load_rules
+from precision_agent.engine.pipeline import Pipeline
+from precision_agent.engine.rulefile import default_rules_dir, load_rules
 
 P = AbParams()
 
@@ -120,7 +120,7 @@ def test_shipped_rule_fires_on_a_collapse_only_with_fusion_on():
 @pytest.mark.parametrize("bad", [{"window": 2}, {"alpha": 0.7}, {"typo": 1}])
 def test_bad_params_are_named(tmp_path, bad):
     import yaml
-    from precision_agent.rulefile import load_rule_file
+    from precision_agent.engine.rulefile import load_rule_file
     from precision_agent.config import ConfigError
     rule = {"alert": "A", "kind": "ab", "params": bad, "labels": {"severity": "ticket"}}
     path = tmp_path / "r.yml"
@@ -134,7 +134,7 @@ def test_bad_params_are_named(tmp_path, bad):
 def test_identical_noisy_runs_judged_at_every_step_never_fire():
     """Judged anew at each of 3000 common steps (overlapping windows), same curve, 5 % per-step noise."""
     from precision_agent.detectors.ab import AbDetector
-    from precision_agent.series import SeriesState
+    from precision_agent.series.state import SeriesState
     for seed in range(3):
         det = AbDetector(AbParams())
         rnd = random.Random(seed)
@@ -153,7 +153,7 @@ def test_identical_noisy_runs_judged_at_every_step_never_fire():
 def test_runs_named_after_their_files_still_pair(tmp_path):
     """The agent adds run=<file name>: llama_on.log and llama_off.log are still one pair."""
     from precision_agent.detectors.ab import AbDetector
-    from precision_agent.series import SeriesState
+    from precision_agent.series.state import SeriesState
     det, st = AbDetector(AbParams()), SeriesState(())
     out = []
     for step in range(1, 31):

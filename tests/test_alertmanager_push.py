@@ -32,8 +32,8 @@ from test_e2e_prometheus import WebhookSink
 from precision_agent.exporters.alertmanager import (AlertmanagerCollector, AlertmanagerConfig,
                                                     AlertmanagerPusher, rfc3339)
 from precision_agent.model import LOSS_SCALE, Alert, AlertState, Sample, SourcePos, make_labels
-from precision_agent.pipeline import Pipeline
-from precision_agent.rulefile import default_rules_dir, default_runbook_base, load_rules
+from precision_agent.engine.pipeline import Pipeline
+from precision_agent.engine.rulefile import default_rules_dir, default_runbook_base, load_rules
 
 
 def _ts(text: str) -> float:

@@ -3,8 +3,8 @@
 import textwrap
 
 from precision_agent.model import GRAD_NORM, LOSS_SCALE, AlertState, Sample, SourcePos
-from precision_agent.pipeline import Pipeline
-from precision_agent.rulefile import load_rules
+from precision_agent.engine.pipeline import Pipeline
+from precision_agent.engine.rulefile import load_rules
 
 RULES = """
 groups:

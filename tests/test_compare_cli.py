@@ -14,7 +14,7 @@ from test_compare_engine import _net
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precision_agent.compare.cli", "compare", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "precision_agent.commands.compare", "compare", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -211,7 +211,7 @@ def test_cli_json_writer_is_json_with_one_row_per_line(tmp_path):
     json.dumps, with each row on its own line (grep-able, diff-able)."""
     import json
 
-    from precision_agent.compare.cli import write_json
+    from precision_agent.commands.compare import write_json
     from precision_agent.model import json_safe
     _net(tmp_path / "bench")
     _net(tmp_path / "target", half_fc2=True)

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from precision_agent.detectors.base import PerSeries
-from precision_agent.memory import (CodecError, decode, decode_record, dump_key, encode, encode_record,
+from precision_agent.store.memory import (CodecError, decode, decode_record, dump_key, encode, encode_record,
                                     load_key, slots_of)
 from precision_agent.model import LOSS, LOSS_SCALE, OVERFLOW, Sample, SourcePos
-from precision_agent.pipeline import Pipeline
-from precision_agent.rulefile import load_rules
-from precision_agent.state import DB_NAME, StateStore
+from precision_agent.engine.pipeline import Pipeline
+from precision_agent.engine.rulefile import load_rules
+from precision_agent.store.state import DB_NAME, StateStore
 
 LABELS = (("job", "gpt"), ("rank", "0"))
 
@@ -294,8 +294,8 @@ def test_tensor_kinds_restore_their_explicit_state():
     compares them."""
     from precision_agent.detectors.tensor_change import NotChangedParams, WeightNotChangedDetector
     from precision_agent.dumps.watchpoints import DUMP_TENSOR, STEP_END
-    from precision_agent.memory import dumps, loads
-    from precision_agent.series import SeriesState
+    from precision_agent.store.memory import dumps, loads
+    from precision_agent.series.state import SeriesState
 
     def weight(step: int, name: str) -> Sample:
         attrs = (("tensor", name), ("role", "weight"), ("fn", ""), ("bias", False), ("count", 8), ("min", -1.0),

@@ -19,8 +19,8 @@ from precision_agent.config import ConfigError
 from precision_agent.detectors import KINDS
 from precision_agent.model import (EVAL_LOSS, GRAD_NORM, LOSS, LOSS_SCALE, OVERFLOW, SKIPPED_INTERVAL, AlertState,
                                    Sample, SourcePos)
-from precision_agent.pipeline import Pipeline
-from precision_agent.rulefile import default_rules_dir, load_rule_file, load_rules
+from precision_agent.engine.pipeline import Pipeline
+from precision_agent.engine.rulefile import default_rules_dir, load_rule_file, load_rules
 
 RUN = (("run", "r1"),)
 

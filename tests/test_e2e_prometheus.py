@@ -98,7 +98,7 @@ def test_promtool_check_metrics_on_live_agent(tmp_path: Path) -> None:
         # a whole collapsing Megatron run (scale down to 1, then grad norm NaN), from another process
         res = subprocess.run([sys.executable, "-c",
                               "import sys; from pathlib import Path; "
-                              "from precision_agent.demo import simulated_job; "
+                              "from precision_agent.commands.demo import simulated_job; "
                               "simulated_job(Path(sys.argv[1]), pause=0.005)", str(logs / "train.log")],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr

@@ -137,7 +137,7 @@ def test_scan_fail_on_lowers_the_bar(tmp_path):
 
 
 def _megatron_log(path: Path, iterations: int) -> Path:
-    from precision_agent.demo import simulated_job
+    from precision_agent.commands.demo import simulated_job
     simulated_job(path, iterations=iterations, pause=0)
     return path
 

@@ -24,7 +24,7 @@ from fuzzing.web import run_http
 from fuzzing.targets import MIN_CASES, TARGETS, TEST_PLAN, known_issue
 from precision_agent.config import ConfigError, load_config
 from precision_agent.readers.parsers import Block, CompositeParser
-from precision_agent.rulefile import load_rule_file
+from precision_agent.engine.rulefile import load_rule_file
 
 SEED = seed_from_env()
 RSS_GROWTH_MB = 400          # per target, over the child's start
@@ -165,7 +165,7 @@ def test_found_durations_beyond_float_are_config_errors(tmp_path, value):
 
 
 def test_found_rule_test_naming_a_too_long_file_is_a_bad_file(tmp_path):
-    from precision_agent.ruletest import run_file
+    from precision_agent.commands.ruletest import run_file
     import io
     path = tmp_path / "t_test.yml"
     path.write_text("rule_files: [" + "x" * 5000 + ".yml]\ntests: [{name: a, input_samples: [{metric: loss, value: 1}], alert_rule_test: [{eval_time: 0s, alertname: X, exp_alerts: []}]}]\n")

@@ -408,7 +408,7 @@ def test_pages_are_kept_only_for_trees_a_comparison_reads(tmp_path):
     """The scan thread drops the pages it read from the page cache, except in trees that a
     comparison reads right after (a watch with compare:, or a benchmark tree)."""
     from precision_agent.config import Config
-    from precision_agent.dumpflow import DumpFlow
+    from precision_agent.daemon.dumpflow import DumpFlow
     from precision_agent.health import Health
     for d in ("cmp", "plain", "bench"):
         (tmp_path / d / "step1").mkdir(parents=True)

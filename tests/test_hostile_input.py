@@ -59,9 +59,9 @@ def test_binary_garbage_huge_line_and_nuls(tmp_path):
 def test_a_failing_parser_or_rule_is_contained(tmp_path, monkeypatch):
     """A bug in one parser or one detector costs that parser/rule, not the file or the batch."""
     from precision_agent.detectors.loss_scale import LossScaleDetector
-    from precision_agent.pipeline import Pipeline
+    from precision_agent.engine.pipeline import Pipeline
     from precision_agent.readers.parsers.deepspeed import DeepSpeedParser
-    from precision_agent.rulefile import default_rules_dir, load_rules
+    from precision_agent.engine.rulefile import default_rules_dir, load_rules
 
     def boom(self, *a, **k):
         raise RuntimeError("boom")

@@ -105,7 +105,7 @@ def test_install_without_a_compiler_runs_on_numpy(tmp_path):
     r = _run_installed(target, code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["{'scan':", "'numpy',", "'compare':", "'numpy'}", "1", "2.0", "True"]
-    r = _run_installed(target, "from precision_agent.cli import main; raise SystemExit(main(['scan', '.']))",
+    r = _run_installed(target, "from precision_agent.commands.cli import main; raise SystemExit(main(['scan', '.']))",
                        {kernels.ENV: "c"})
     assert r.returncode == 2 and "is not built" in r.stderr, r.stderr
 

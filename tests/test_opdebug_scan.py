@@ -16,7 +16,7 @@ from precision_agent.dumps.cann import dump_dir_location
 from precision_agent.dumps.scan import scan, scan_dump
 from precision_agent.dumps.schedule import result_samples
 from precision_agent.model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW
-from precision_agent.rulefile import load_rules
+from precision_agent.engine.rulefile import load_rules
 
 TS = 1_709_294_400_000_000
 ONE = np.ones((2, 3), np.float16)

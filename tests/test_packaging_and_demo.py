@@ -31,7 +31,7 @@ def test_plain_install_carries_rules_and_exporter_assets(tmp_path):
     probe = subprocess.run([sys.executable, "-c", (
         "import urllib.parse, pathlib\n"
         "import precision_agent.exporters.alertmanager as am\n"
-        "from precision_agent.rulefile import default_rules_dir, load_rules\n"
+        "from precision_agent.engine.rulefile import default_rules_dir, load_rules\n"
         "from precision_agent.model import make_labels\n"
         "print(am.__file__, am.AlertmanagerPusher.__name__)\n"
         "for r in load_rules([default_rules_dir()]).rules:\n"

@@ -19,8 +19,8 @@ import pytest
 
 from conftest import CORPUS, corpus_path
 from precision_agent.readers.runs import file_run, run_labels
-from precision_agent.replay import replay
-from precision_agent.rulefile import default_rules_dir, load_rules
+from precision_agent.commands.replay import replay
+from precision_agent.engine.rulefile import default_rules_dir, load_rules
 
 RULES = load_rules([default_rules_dir()])
 PAGE = ("page", "critical")
@@ -294,7 +294,7 @@ def test_no_end_without_a_marker(tmp_path, line):
 
 def test_stalled_is_quiet_after_the_end_and_fires_without_it():
     from precision_agent.model import LOSS, TRAINING_END, Sample, SourcePos
-    from precision_agent.pipeline import Pipeline
+    from precision_agent.engine.pipeline import Pipeline
     for finished in (False, True):
         p = Pipeline(RULES.fresh(), keep_findings=100)
         labels = (("run", "r"),)
@@ -442,7 +442,7 @@ def test_real_rank_copies_of_apex_messages_count_once():
 
 @pytest.mark.corpus
 def test_real_finished_run_is_not_stalled_but_the_same_lines_without_the_end_are(tmp_path):
-    from precision_agent.pipeline import Pipeline
+    from precision_agent.engine.pipeline import Pipeline
     from precision_agent.readers.logstream import LogStream
     real = corpus_path("logs", "healthy", "megatron_1.log").read_text()
     cut = real[:real.index("[after training is done]")]
@@ -461,7 +461,7 @@ def test_real_finished_run_is_not_stalled_but_the_same_lines_without_the_end_are
 
 def test_a_new_attempt_clears_the_state_alerts_of_the_one_before(tmp_path):
     from precision_agent.model import AlertState
-    from precision_agent.pipeline import Pipeline
+    from precision_agent.engine.pipeline import Pipeline
     from precision_agent.readers.logstream import LogStream
     path = tmp_path / "train.log"
     path.write_text("\n".join([megatron(i, f"{2.0 ** (16 - i)}") for i in range(1, 16)]
@@ -520,7 +520,7 @@ def test_first_nonfinite_step_of_the_attempt_ignores_skipped_steps():
     """The step of the first NaN/Inf that is no scaler's skipped step (exported per series; the
     fleet's TrainingNonFiniteOrigin rule takes the lowest across ranks)."""
     from precision_agent.model import GRAD_NORM, LOSS, LOSS_SCALE, Sample, SourcePos
-    from precision_agent.series import SeriesState
+    from precision_agent.series.state import SeriesState
     st = SeriesState((("run", "r"),))
     def feed(metric, value, step, log_time=None):
         st.ingest(Sample(st.labels, metric, value, step, SourcePos("t.log", step), 100.0 + step, log_time,
@@ -541,7 +541,7 @@ def test_first_nonfinite_step_is_exported():
     from precision_agent.exporters.metrics import AgentCollector
     from precision_agent.health import Health
     from precision_agent.model import LOSS, Sample, SourcePos
-    from precision_agent.pipeline import Pipeline
+    from precision_agent.engine.pipeline import Pipeline
     p = Pipeline(RULES.fresh())
     p.process([Sample((("run", "r"), ("rank", "3")), LOSS, math.nan, 42, SourcePos("t.log", 1), 100.0, 1234.5)])
     got = {m.name: m.samples for m in AgentCollector(Health(), p).collect()}
@@ -553,8 +553,8 @@ def test_first_nonfinite_step_is_exported():
 def test_a_new_rank_after_a_restart_inherits_the_runs_stated_precision():
     """The run's hints are not stored, but its restored series know what the log stated."""
     from precision_agent.model import LOSS, Sample, SourcePos
-    from precision_agent.pipeline import Pipeline
-    from precision_agent.series import SeriesState
+    from precision_agent.engine.pipeline import Pipeline
+    from precision_agent.series.state import SeriesState
     before = SeriesState((("rank", "0"), ("run", "r")))
     before.precision = "bf16"
     p = Pipeline(RULES.fresh())

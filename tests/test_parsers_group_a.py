@@ -137,8 +137,8 @@ def test_torch_npu_two_messages_one_overflow_per_line():
 
 
 def test_torch_npu_rank_copies_count_once_in_replay(tmp_path):
-    from precision_agent.replay import replay
-    from precision_agent.rulefile import default_rules_dir, load_rules
+    from precision_agent.commands.replay import replay
+    from precision_agent.engine.rulefile import default_rules_dir, load_rules
     log = tmp_path / "npu.log"
     log.write_text("{'loss': 1.0, 'grad_norm': 1.0, 'learning_rate': 1e-05, 'epoch': 0.1}\n"
                    "Gradient overflow. Skipping stepGradient overflow. Skipping step\n"

@@ -59,7 +59,7 @@ def test_deepspeed_5_increases_and_steps():
 
 def test_replay_report_and_contract_on_generated_log(tmp_path):
     """Runs without ../shared: a generated Megatron log with a collapse and a NaN grad norm."""
-    from precision_agent.demo import simulated_job
+    from precision_agent.commands.demo import simulated_job
     log = tmp_path / "train.log"
     simulated_job(log, iterations=45, pause=0)
     r = replay_json(log)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from precision_agent.config import ConfigError
-from precision_agent.rulefile import default_rules_dir, load_rule_file, load_rules, render
+from precision_agent.engine.rulefile import default_rules_dir, load_rule_file, load_rules, render
 
 GOOD = """
 groups:

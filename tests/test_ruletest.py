@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from precision_agent.ruletest import EXIT_BAD_FILE, EXIT_FAILED, EXIT_OK, main, run_file
+from precision_agent.commands.ruletest import EXIT_BAD_FILE, EXIT_FAILED, EXIT_OK, main, run_file
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_TESTS = sorted((REPO / "rules" / "tests").glob("*.yml"))
@@ -84,14 +84,14 @@ def test_shipped_rule_tests_exist_and_cover_the_key_rules():
 
 
 def test_shipped_rule_tests_pass_via_the_cli():
-    r = subprocess.run([sys.executable, "-m", "precision_agent.ruletest", "test", *map(str, SHIPPED_TESTS)],
+    r = subprocess.run([sys.executable, "-m", "precision_agent.commands.ruletest", "test", *map(str, SHIPPED_TESTS)],
                        capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("SUCCESS") == len(SHIPPED_TESTS)
 
 
 def test_shipped_tests_are_not_loaded_as_rules():
-    from precision_agent.rulefile import default_rules_dir, load_rules
+    from precision_agent.engine.rulefile import default_rules_dir, load_rules
     rs = load_rules([default_rules_dir()])
     assert not rs.errors and not any("/tests/" in f for f in rs.by_file)
 

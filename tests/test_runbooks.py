@@ -25,8 +25,8 @@ from e2e_support import PROM_DIR, REPO, find_binary
 
 from precision_agent.config import ConfigError, load_config
 from precision_agent.model import LOSS, Sample, SourcePos, make_labels
-from precision_agent.pipeline import Pipeline
-from precision_agent.rulefile import default_rules_dir, default_runbook_base, load_rules
+from precision_agent.engine.pipeline import Pipeline
+from precision_agent.engine.rulefile import default_rules_dir, default_runbook_base, load_rules
 
 RUNBOOKS = REPO / "docs" / "runbooks"
 SECTIONS = ("## What fired", "## How to confirm", "## What to do", "## When it is normal")

@@ -2,7 +2,7 @@
 
 from precision_agent.model import (LOSS, LOSS_SCALE, OVERFLOW, SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, Sample,
                                    SourcePos)
-from precision_agent.series import SeriesState
+from precision_agent.series.state import SeriesState
 
 SRC = SourcePos("x.log", 1)
 

@@ -47,7 +47,7 @@ def test_globs_and_most_specific_watch(tmp_path):
 
 def test_resync_alone_finds_new_files_and_appends(tmp_path, monkeypatch):
     """With the inotify observer disabled, the periodic resync still picks everything up."""
-    from precision_agent.daemon import Agent
+    from precision_agent.daemon.agent import Agent
     from precision_agent.sources import watcher
     monkeypatch.setattr(watcher.TreeWatcher, "start", lambda self: None)
     logs = tmp_path / "logs"
@@ -176,7 +176,7 @@ def test_watch_limit_leaves_big_trees_to_resync_with_the_sysctl_named(tmp_path):
 
 def test_limit_check_in_the_agent_counts_a_watch_error(tmp_path, monkeypatch):
     """The agent keeps running and counts kind="watch" when a tree does not fit."""
-    from precision_agent.daemon import Agent
+    from precision_agent.daemon.agent import Agent
     from precision_agent.sources import watcher
     monkeypatch.setattr(watcher, "read_watch_limit", lambda: 2)
     logs = tmp_path / "logs"

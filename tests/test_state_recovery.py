@@ -10,7 +10,7 @@ import pytest
 from precision_agent.config import ConfigError
 from precision_agent.model import Alert, AlertState
 from precision_agent.readers.tailer import TailPosition
-from precision_agent.state import DB_NAME, KEEP_CORRUPT, StateError, StateStore
+from precision_agent.store.state import DB_NAME, KEEP_CORRUPT, StateError, StateStore
 
 
 def corrupt_files(state_dir):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from precision_agent.cli import build_parser
+from precision_agent.commands.cli import build_parser
 from precision_agent.config import load_config, split_listen
 from precision_agent.readers.parsers import CompositeParser
 

@@ -21,8 +21,8 @@ from precision_agent.dumps.scan import scan
 from precision_agent.dumps.scanner import scan_array
 from precision_agent.dumps.watchpoints import (DUMP_TENSOR, STEP_END, SKETCH_SIZE, Classifier, sketch,
                                                subject_of, tensor_samples)
-from precision_agent.pipeline import Pipeline
-from precision_agent.rulefile import default_rules_dir, load_rule_file, load_rules
+from precision_agent.engine.pipeline import Pipeline
+from precision_agent.engine.rulefile import default_rules_dir, load_rule_file, load_rules
 
 LABELS = {"job": "train"}
 

@@ -35,7 +35,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import Field
 
 from ..model import GRAD_NORM, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, Labels, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Clear, Detector, Hit, Params, PerSeries
 from .loss_scale import COLLAPSE_LEVELS, DEFAULT_COLLAPSE
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from ..model import Labels, Sample, SourcePos
-from ..series import SeriesState
+from ..series.state import SeriesState
 
 
 class Params(BaseModel):

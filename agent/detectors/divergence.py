@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from ..model import EVAL_LOSS, LOSS, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 from .base import PerSeries, step_of
 

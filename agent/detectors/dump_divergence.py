@@ -9,7 +9,7 @@ JSON API and a CSV file: op names are unbounded, so only the first diverging op 
 from __future__ import annotations
 
 from ..model import Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 
 DUMP_DIVERGENCE = "dump_divergence"

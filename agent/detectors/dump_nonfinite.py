@@ -7,7 +7,7 @@ turns that into a sample, and this kind turns the sample into an alert labelled 
 from __future__ import annotations
 
 from ..model import DUMP_NONFINITE, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 
 

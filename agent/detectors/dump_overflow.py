@@ -13,7 +13,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from ..model import DUMP_OVERFLOW, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 from .dump_steps import StepQuota
 

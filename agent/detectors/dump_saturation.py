@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from ..model import DUMP_FP16_SATURATED, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 from .dump_steps import StepQuota
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from ..detectors.dump_divergence import DUMP_DIVERGENCE
+from .dump_divergence import DUMP_DIVERGENCE
 from ..model import DUMP_NONFINITE, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 
 

@@ -54,7 +54,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from ..model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, OVERFLOW, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Clear, Detector, Hit, Params, PerSeries, step_of
 
 # framework -> defaults; the comments name the initial scale, back-off rule and minimum of each

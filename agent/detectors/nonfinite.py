@@ -19,7 +19,7 @@ import math
 from pydantic import Field, field_validator
 
 from ..model import EVAL_LOSS, GRAD_NORM, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, Sample, TRAINING_METRICS
-from ..series import APPLIED_GRAD_NORM_PRODUCERS, SeriesState
+from ..series.state import APPLIED_GRAD_NORM_PRODUCERS, SeriesState
 from .base import Detector, Hit, Params, PerSeries
 
 

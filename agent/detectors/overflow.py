@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pydantic import Field
 
 from ..model import OVERFLOW, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 from .base import PerSeries, step_of
 

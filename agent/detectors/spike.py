@@ -37,7 +37,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..model import EVAL_LOSS, GRAD_NORM, LOSS, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 from .base import PerSeries, step_of
 

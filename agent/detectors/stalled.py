@@ -21,7 +21,7 @@ from pydantic import Field
 
 from ..config import Duration
 from ..model import NONFINITE_MESSAGE, OVERFLOW, TRAINING_METRICS, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Clear, Detector, Hit, Params
 from .base import PerSeries
 

@@ -25,7 +25,7 @@ from pydantic import Field, field_validator, model_validator
 from ..dumps.watchpoints import (DEFAULT_ACTIVATION, DEFAULT_BIAS, DEFAULT_FUNCTIONS, DEFAULT_GRADIENT,
                                  DEFAULT_WEIGHT, DUMP_TENSOR, STEP_END, Classifier, Role, abs_mean, rms)
 from ..model import Labels, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 
 RoleName = Literal["weight", "gradient", "activation"]

@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..model import EVAL_LOSS, LOSS, Sample
-from ..series import SeriesState
+from ..series.state import SeriesState
 from .base import Clear, Detector, Hit, Params
 from .base import PerSeries, step_of
 

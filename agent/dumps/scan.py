@@ -35,7 +35,7 @@ from .types import DumpError, DumpTensor
 from .windows import scan_region
 
 if TYPE_CHECKING:  # the rules stack is imported where it is used: `compare` never needs it
-    from ..rulefile import RuleSet
+    from ..engine.rulefile import RuleSet
 
 MAX_OPDEBUG_FILES = 10_000  # per scan: each is decoded, and each overflow becomes a JSON entry
 Progress = Callable[[int, int, int, int], None]  # (bytes done, bytes in all, tensors done, tensors in all)
@@ -193,7 +193,7 @@ def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | No
              ) -> list[dict[str, Any]]:
     """Judge a scan result with ``rules`` exactly as the daemon does: the same samples, the
     same detectors, a fresh pipeline."""
-    from ..pipeline import Pipeline
+    from ..engine.pipeline import Pipeline
     from .schedule import result_samples  # schedule imports this module for the scan thread
     pipeline = Pipeline(rules.fresh(), max_series=1 << 16, keep_findings=100_000)
     pipeline.process(result_samples(result, labels or {}))
@@ -215,7 +215,7 @@ def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
     ``threads``: scanner threads per tensor (the daemon keeps 1). ``fusion``: the compiler's fusion
     report and executed graph (agent/fusion/context.py), to name the passes behind a first bad op."""
     if rules is None:
-        from ..rulefile import default_rules_dir, load_rules
+        from ..engine.rulefile import default_rules_dir, load_rules
         rules = load_rules([default_rules_dir()])
     r = scan_dump(path, step, progress, threads)
     if fusion is not None and not fusion.empty:

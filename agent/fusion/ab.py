@@ -12,7 +12,7 @@ from pathlib import Path
 from ..detectors.ab import AbParams, AbResult, curve, judge, new_side, take
 from ..model import HINT_METRICS
 from ..readers.logstream import LogStream
-from ..series import SeriesState
+from ..series.state import SeriesState
 
 READ_STEP = 4 << 20
 

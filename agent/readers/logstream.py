@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
 from ..model import Labels, Sample, SourcePos, SourcePosDraft, make_labels
-from ..series import far_apart
+from ..series.state import far_apart
 from .parsers import Block, CompositeParser
 from .parsers.base import strip_ansi
 from .tailer import LogTailer, TailPosition, TextBlock

@@ -16,8 +16,8 @@ import yaml
 
 from precision_agent.config import ConfigError, load_config
 from precision_agent.model import SourcePos, make_labels
-from precision_agent.rulefile import default_rules_dir, load_rule_file
-from precision_agent.ruletest import run_file
+from precision_agent.engine.rulefile import default_rules_dir, load_rule_file
+from precision_agent.commands.ruletest import run_file
 
 from .core import Target
 from .mutate import mutate_text, mutate_tree, pick

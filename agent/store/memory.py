@@ -31,9 +31,9 @@ from typing import Any, Iterable
 import numpy as np
 from pydantic import BaseModel
 
-from .detectors.base import Detector, PerSeries
-from .model import Labels, Sample, SourcePos
-from .rulefile import Rule
+from ..detectors.base import Detector, PerSeries
+from ..model import Labels, Sample, SourcePos
+from ..engine.rulefile import Rule
 
 # attribute names read with getattr and passed back as keywords: model.py's classes may change
 # shape (dataclass or __slots__) without changing these

@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
-from .config import ConfigError
-from .model import Alert, AlertState, Labels
-from .readers.tailer import TailPosition
-from .series import SeriesState
+from ..config import ConfigError
+from ..model import Alert, AlertState, Labels
+from ..readers.tailer import TailPosition
+from ..series.state import SeriesState
 
 if TYPE_CHECKING:
-    from .pipeline import MemoryDelta
+    from ..engine.pipeline import MemoryDelta
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")

@@ -32,9 +32,9 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .config import ConfigError, Duration, check_labels, load_yaml_mapping
-from .detectors import KINDS, Detector
-from .model import Labels, SourcePos
+from ..config import ConfigError, Duration, check_labels, load_yaml_mapping
+from ..detectors import KINDS, Detector
+from ..model import Labels, SourcePos
 
 log = logging.getLogger(__name__)
 

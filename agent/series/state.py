@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import (GRAD_NORM, HINT_METRICS, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, OVERFLOW, PRECISION,
+from ..model import (GRAD_NORM, HINT_METRICS, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, OVERFLOW, PRECISION,
                     SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, TRAINING_END, Labels, Sample)
 
 DUP_WINDOW_S = 0.5

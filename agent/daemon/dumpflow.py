@@ -13,16 +13,16 @@ import os
 import time
 from pathlib import Path
 
-from .compare.live import DumpWork, after_scan, compare_sample
-from .config import Config, Watch
-from .dumps.schedule import DumpScheduler, ScanResult, labelled
-from .dumps.types import LIMITS
-from .exporters.dumps import DumpBook
-from .health import Health
-from .model import make_labels
-from .pipeline import Pipeline
-from .sources.watcher import watch_for
-from .state import StateError, StateStore
+from ..compare.live import DumpWork, after_scan, compare_sample
+from ..config import Config, Watch
+from ..dumps.schedule import DumpScheduler, ScanResult, labelled
+from ..dumps.types import LIMITS
+from ..exporters.dumps import DumpBook
+from ..health import Health
+from ..model import make_labels
+from ..engine.pipeline import Pipeline
+from ..sources.watcher import watch_for
+from ..store.state import StateError, StateStore
 
 
 class DumpFlow:

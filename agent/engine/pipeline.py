@@ -15,12 +15,12 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable
 
 from .alerts import AlertBook
-from .detectors import Clear, Detector, Hit
-from .memory import (WHOLE, CodecError, decode, decode_record, digest, dump_key, dumps, encode, encode_record,
+from ..detectors import Clear, Detector, Hit
+from ..store.memory import (WHOLE, CodecError, decode, decode_record, digest, dump_key, dumps, encode, encode_record,
                      explicit, load_key, loads, rule_keys, slots_of)
-from .model import HINT_METRICS, Finding, Labels, Sample
+from ..model import HINT_METRICS, Finding, Labels, Sample
 from .rulefile import Rule, RuleSet
-from .series import SeriesState
+from ..series.state import SeriesState
 
 log = logging.getLogger(__name__)
 

@@ -23,31 +23,31 @@ from typing import Any, Callable
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from . import __version__
-from .alerts import Transition
-from .config import Config, ConfigError, Watch, split_listen
-from .health import Health, Heartbeat, bind
-from .model import AlertState
-from .notify import sd_notify, watchdog_interval
-from .pipeline import Pipeline
+from .. import __version__
+from ..engine.alerts import Transition
+from ..config import Config, ConfigError, Watch, split_listen
+from ..health import Health, Heartbeat, bind
+from ..model import AlertState
+from .systemd import sd_notify, watchdog_interval
+from ..engine.pipeline import Pipeline
 from .priority import lower_priority
-from .readers.logstream import LogStream
-from .readers.runs import run_labels
-from .readers.parsers import UnknownFormat
-from .readers.tailer import TailEvent, TailPosition
-from .rulefile import RuleSet, default_rules_dir, load_rules
-from .sources.confine import Confinement
-from .sources.queue import ChangeQueue
-from .sources.watcher import TreeWatcher, walk, watch_for
+from ..readers.logstream import LogStream
+from ..readers.runs import run_labels
+from ..readers.parsers import UnknownFormat
+from ..readers.tailer import TailEvent, TailPosition
+from ..engine.rulefile import RuleSet, default_rules_dir, load_rules
+from ..sources.confine import Confinement
+from ..sources.queue import ChangeQueue
+from ..sources.watcher import TreeWatcher, walk, watch_for
 from .dumpflow import DumpFlow
-from .state import StateError, StateStore
-from .exporters.api import alerts_json, status_json
-from .exporters.http import HttpCollector, HttpExporter
-from .exporters.httpserver import ServerLimits
-from .exporters.webconfig import load_web_config
-from .exporters.alertmanager import AlertmanagerCollector, AlertmanagerPusher
-from .exporters.dumps import DumpBook, DumpCollector
-from .exporters.metrics import AgentCollector
+from ..store.state import StateError, StateStore
+from ..exporters.api import alerts_json, status_json
+from ..exporters.http import HttpCollector, HttpExporter
+from ..exporters.httpserver import ServerLimits
+from ..exporters.webconfig import load_web_config
+from ..exporters.alertmanager import AlertmanagerCollector, AlertmanagerPusher
+from ..exporters.dumps import DumpBook, DumpCollector
+from ..exporters.metrics import AgentCollector
 
 log = logging.getLogger("precision_agent")
 

@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from .exporters.alertmanager import AlertmanagerConfig
+from ..exporters.alertmanager import AlertmanagerConfig
 
-from .errors import DEFAULT_LISTEN, DEFAULT_PORT, ConfigError  # noqa: F401 - re-exported
+from ..errors import DEFAULT_LISTEN, DEFAULT_PORT, ConfigError  # noqa: F401 - re-exported
 from .yamlfile import load_yaml_mapping  # noqa: F401 - re-exported (rule files, rule tests, web config)
 LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 RESERVED_LABELS = {"alertname", "alertstate", "severity", "metric", "__name__"}
@@ -100,7 +100,7 @@ class CompareSpec(_Strict):
     @field_validator("preset")
     @classmethod
     def _known_preset(cls, v: str) -> str:
-        from .compare.verdict import PRESETS  # the verdict module owns the list
+        from ..compare.verdict import PRESETS  # the verdict module owns the list
         if v not in PRESETS:
             raise ValueError(f"unknown preset {v!r}; known: {', '.join(PRESETS)}")
         return v
@@ -142,7 +142,7 @@ class Watch(_Strict):
     @field_validator("format")
     @classmethod
     def _known_format(cls, v: str) -> str:
-        from .readers.parsers import FORMATS  # parsers are discovered at import
+        from ..readers.parsers import FORMATS  # parsers are discovered at import
         if v not in ("auto", "custom") and v not in FORMATS:
             raise ValueError(f"unknown log format {v!r}; known: auto, custom, {', '.join(FORMATS)}")
         return v
@@ -151,7 +151,7 @@ class Watch(_Strict):
     @classmethod
     def _valid_pattern(cls, v: str | None) -> str | None:
         if v is not None:
-            from .readers.parsers.custom import RegexParser
+            from ..readers.parsers.custom import RegexParser
             RegexParser(v)  # raises ValueError with the reason
         return v
 

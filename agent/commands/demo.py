@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .alerts import Transition
-from .config import DEFAULT_LISTEN, Config, Limits, Watch, split_listen
-from .model import AlertState
+from ..engine.alerts import Transition
+from ..config import DEFAULT_LISTEN, Config, Limits, Watch, split_listen
+from ..model import AlertState
 
 if TYPE_CHECKING:
-    from .daemon import Agent
+    from ..daemon.agent import Agent
 
 INTERVAL_S = 0.12
 
@@ -114,7 +114,7 @@ def _start(tmp: Path, listen: str | None) -> tuple[Agent, subprocess.Popen]:
             print(f"[{time.monotonic() - t0:5.1f}s] {word} {a.rule} {{{labels}}}\n"
                   f"         {a.annotations.get('summary', '')}", flush=True)
 
-    from .daemon import Agent
+    from ..daemon.agent import Agent
     agent = Agent(config, on_transition=show)
     try:
         agent.start()
@@ -128,6 +128,6 @@ def _start(tmp: Path, listen: str | None) -> tuple[Agent, subprocess.Popen]:
           f"A simulated Megatron job now writes {log_file.name}; its loss scale collapses, then its "
           "grad norm turns NaN.\n", flush=True)
     job = subprocess.Popen([sys.executable, "-c",
-                            "import sys; from precision_agent.demo import simulated_job; "
+                            "import sys; from precision_agent.commands.demo import simulated_job; "
                             "from pathlib import Path; simulated_job(Path(sys.argv[1]))", str(log_file)])
     return agent, job

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 def load_yaml_mapping(path: Path) -> dict[str, Any]:
     """Safe-load a YAML mapping; every failure becomes a ConfigError naming the file."""

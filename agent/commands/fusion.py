@@ -71,7 +71,7 @@ def _dump(doc: object) -> None:
 
 
 def cmd_passes(args: argparse.Namespace) -> int:
-    from .report import FusionReportError, format_report, load_reports, report_json
+    from ..fusion.report import FusionReportError, format_report, load_reports, report_json
     try:
         report = load_reports(args.files)
     except FusionReportError as exc:
@@ -84,7 +84,7 @@ def cmd_passes(args: argparse.Namespace) -> int:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from .graph import GraphFormatError, format_graph, read_graph_file
+    from ..fusion.graph import GraphFormatError, format_graph, read_graph_file
     try:
         g = read_graph_file(args.file)
     except GraphFormatError as exc:
@@ -106,9 +106,9 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
-    from .bisect import BisectError, BisectSession, load_session, locked, save_session
-    from .report import FusionReportError, load_reports
-    from .switch import write_switch
+    from ..fusion.bisect import BisectError, BisectSession, load_session, locked, save_session
+    from ..fusion.report import FusionReportError, load_reports
+    from ..fusion.switch import write_switch
     session = Path(args.session)
     cfg = Path(args.cfg) if args.cfg else session.parent / "fusion_switch.cfg"
     if not session.parent.is_dir():
@@ -157,7 +157,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from ..detectors.ab import AbParams
     from ..readers.parsers import UnknownFormat
-    from .ab import compare_logs
+    from ..fusion.ab import compare_logs
     try:
         params = AbParams(window=args.window, min_steps=args.min_steps)
     except ValidationError as exc:
@@ -181,7 +181,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry: ``python -m precision_agent.fusion.cli fusion ...``."""
+    """Standalone entry: ``python -m precision_agent.commands.fusion fusion ...``."""
     parser = argparse.ArgumentParser(prog="precision-agent")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

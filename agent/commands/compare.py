@@ -15,7 +15,7 @@ import os
 import sys
 
 from ..model import json_safe
-from .verdict import PRESETS
+from ..compare.verdict import PRESETS
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
 
@@ -46,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
     # size (blocks.py), so its thread pool would only cost start-up and spinning: ~60 ms of a
     # 0.35 s compare of a 90 MB dump pair. A user's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from ..clitools import progress_bar   # the one scan uses
-    from .engine import compare_sides
-    from .pairing import read_side
-    from .report import format_text, to_json, write_csv
+    from .tools import progress_bar   # the one scan uses
+    from ..compare.engine import compare_sides
+    from ..compare.pairing import read_side
+    from ..compare.report import format_text, to_json, write_csv
     try:
         bench, target = read_side(args.bench), read_side(args.target)
     except FileNotFoundError as exc:
@@ -95,11 +95,11 @@ def write_json(doc: dict, fh) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m precision_agent.compare.cli``) until the main CLI wires it."""
+    """Standalone entry (``python -m precision_agent.commands.compare``) until the main CLI wires it."""
     parser = argparse.ArgumentParser(prog="precision-agent")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    from ..clitools import run_quietly_on_closed_pipe
+    from .tools import run_quietly_on_closed_pipe
     return run_quietly_on_closed_pipe(args.func, args)
 
 

@@ -24,13 +24,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .config import Config, ConfigError, Duration, LabelValue, check_labels, load_yaml_mapping
-from .detectors import KINDS
-from .model import SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, TRAINING_METRICS, AlertState, Sample, SourcePos, make_labels
-from .pipeline import Pipeline
-from .readers.logstream import LogStream
-from .readers.parsers import CompositeParser, UnknownFormat
-from .rulefile import RuleSet, default_rules_dir, load_rule_file, rule_files
+from ..config import Config, ConfigError, Duration, LabelValue, check_labels, load_yaml_mapping
+from ..detectors import KINDS
+from ..model import SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, TRAINING_METRICS, AlertState, Sample, SourcePos, make_labels
+from ..engine.pipeline import Pipeline
+from ..readers.logstream import LogStream
+from ..readers.parsers import CompositeParser, UnknownFormat
+from ..engine.rulefile import RuleSet, default_rules_dir, load_rule_file, rule_files
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_FILE = 0, 1, 2
 T0 = 1_700_000_000.0      # the simulated clock's zero: an ordinary epoch time, never "unset" (0)
@@ -250,8 +250,8 @@ def _dump_inputs(t: RuleTest, base: Path, errors: list[str]) -> list[tuple[int, 
     dump flow does: the scan result's samples under the watch's labels."""
     if not t.dumps:
         return []
-    from .dumps.scan import scan_dump
-    from .dumps.schedule import labelled, result_samples
+    from ..dumps.scan import scan_dump
+    from ..dumps.schedule import labelled, result_samples
     out: list[tuple[int, int, Any]] = []
     for d in t.dumps:
         result = scan_dump(base / d.path, d.step)
@@ -382,7 +382,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m precision_agent.ruletest test FILE...``: the same as ``precision-agent rules test``."""
+    """``python -m precision_agent.commands.ruletest test FILE...``: the same as ``precision-agent rules test``."""
     from .cli import main as cli_main  # one definition of the command line, in agent/cli.py
     return cli_main(["rules", *(sys.argv[1:] if argv is None else argv)])
 

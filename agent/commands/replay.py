@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .model import NONFINITE_MESSAGE, OVERFLOW, Sample
-from .pipeline import Pipeline
-from .readers.logstream import LogStream
-from .rulefile import RuleSet
-from .series import SeriesState
+from ..model import NONFINITE_MESSAGE, OVERFLOW, Sample
+from ..engine.pipeline import Pipeline
+from ..readers.logstream import LogStream
+from ..engine.rulefile import RuleSet
+from ..series.state import SeriesState
 
 READ_STEP = 4 << 20  # bytes per step: the samples of one step are what replay holds in memory
 

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .clitools import add_fail_on, exit_status, progress_bar, run_quietly_on_closed_pipe
-from .errors import DEFAULT_LISTEN, ConfigError
-from .model import json_safe
+from .. import __version__
+from .tools import add_fail_on, exit_status, progress_bar, run_quietly_on_closed_pipe
+from ..errors import DEFAULT_LISTEN, ConfigError
+from ..model import json_safe
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_CONFIG = 0, 1, 2
 
@@ -39,15 +39,15 @@ def _watch_arg(text: str) -> dict[str, Any]:
 
 
 def _rules_dirs(args: argparse.Namespace) -> list[Path]:
-    from .rulefile import default_rules_dir
+    from ..engine.rulefile import default_rules_dir
     dirs = [Path(d) for d in (args.rules or [])]
     return dirs if dirs else [default_rules_dir()]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .daemon import Agent, default_state_dir
-    from .state import StateError
+    from ..config import load_config
+    from ..daemon.agent import Agent, default_state_dir
+    from ..store.state import StateError
     overrides: dict[str, Any] = {"listen": args.listen, "log_level": args.log_level,
                                  "web_config_file": args.web_config_file,
                                  "watches": [_watch_arg(w) for w in args.watch] or None,
@@ -82,9 +82,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from .readers.parsers import UnknownFormat
+    from ..readers.parsers import UnknownFormat
     from .replay import format_report, replay
-    from .rulefile import load_rules
+    from ..engine.rulefile import load_rules
     path = Path(args.file)
     if not path.is_file():
         print(f"precision-agent: {path}: no such file", file=sys.stderr)
@@ -113,7 +113,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:
-    from .rulefile import load_rule_file, rule_files
+    from ..engine.rulefile import load_rule_file, rule_files
     try:
         files = rule_files([Path(d) for d in args.paths] if args.paths else _rules_dirs(args))
     except ConfigError as exc:
@@ -142,8 +142,8 @@ def _threads(text: str) -> int:
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from .dumps.scan import format_report, scan
-    from .rulefile import load_rules
+    from ..dumps.scan import format_report, scan
+    from ..engine.rulefile import load_rules
     path = Path(args.path)
     if not path.exists():
         print(f"precision-agent: {path}: no such file or directory", file=sys.stderr)
@@ -157,7 +157,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         for e in rules.errors.values():
             print(f"precision-agent: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    from .fusion.context import load_context
+    from ..fusion.context import load_context
     fusion = load_context(args.graph, args.fusion_report, root=path)
     result = scan(path, args.step, rules, progress=progress_bar(args.progress), threads=args.threads,
                   fusion=fusion)
@@ -230,10 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_fail_on(sc)
     sc.set_defaults(func=cmd_scan)
 
-    from .compare.cli import add_parser as add_compare
+    from .compare import add_parser as add_compare
     add_compare(sub)
 
-    from .fusion.cli import add_parser as add_fusion
+    from .fusion import add_parser as add_fusion
     add_fusion(sub)
 
     ru = sub.add_parser("rules", help="rule-file tools")
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_CONFIG
-    from . import kernels
+    from .. import kernels
     try:  # a bad PRECISION_AGENT_KERNELS fails every command at start, not mid-scan
         kernels.check()
     except kernels.KernelError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .model import Alert, AlertState, Finding, Labels, fingerprint
+from ..model import Alert, AlertState, Finding, Labels, fingerprint
 from .rulefile import Rule
 
 RESOLVED_RETENTION_S = 900.0  # keep resolved alerts visible (API, Alertmanager resend) this long
