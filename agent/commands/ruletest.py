@@ -22,101 +22,19 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-from ..config import Config, ConfigError, Duration, LabelValue, check_labels, load_yaml_mapping
-from ..detectors import KINDS
-from ..model import SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, TRAINING_METRICS, AlertState, Sample, SourcePos, make_labels
+from ..config import Config, ConfigError, load_yaml_mapping
+from ..config.ruletest import AlertRuleTest, ExpectedAlert, RuleTest, RuleTestFile
+from ..model import AlertState, Sample, SourcePos, make_labels
 from ..engine.pipeline import Pipeline
 from ..readers.logstream import LogStream
-from ..readers.parsers import CompositeParser, UnknownFormat
 from ..engine.rulefile import RuleSet, default_rules_dir, load_rule_file, rule_files
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_FILE = 0, 1, 2
 T0 = 1_700_000_000.0      # the simulated clock's zero: an ordinary epoch time, never "unset" (0)
 MAX_EVALUATIONS = 200_000  # per test: bounds the run time of a test with a far eval_time
 SERIES_TTL = float(Config.model_fields["series_ttl"].default)
-METRICS = frozenset().union(*(k.metrics for k in KINDS.values()), TRAINING_METRICS,
-                            {SKIPPED_INTERVAL, SKIPPED_CUMULATIVE})
-LabelMap = dict[str, LabelValue]  # YAML numbers and booleans (`rank: 0`) taken as written
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class InputSample(_Strict):
-    """One typed sample, as a parser would have produced it (like promtool's input_series)."""
-    metric: str
-    value: float
-    step: int | None = None
-    at: Duration | None = None               # default: its index × the test's interval
-    labels: LabelMap = Field(default_factory=dict)  # added to the test's labels (e.g. rank)
-    attrs: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
-
-    @field_validator("metric")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        if v not in METRICS:
-            raise ValueError(f"unknown metric {v!r}; known: {', '.join(sorted(METRICS))}")
-        return v
-
-
-class DumpInput(_Strict):
-    """A tensor-dump directory (or file), scanned by the real scanner as a dump watch would."""
-    path: str                                # relative to the test file
-    at: Duration = 0.0
-    step: int | None = None                  # only this step, like `scan --step`
-
-
-class ExpectedAlert(_Strict):
-    exp_labels: LabelMap = Field(default_factory=dict)
-    exp_annotations: dict[str, str] | None = None  # only the keys given are compared
-
-
-class AlertRuleTest(_Strict):
-    eval_time: Duration
-    alertname: str
-    exp_alerts: list[ExpectedAlert] = Field(default_factory=list)
-
-
-class RuleTest(_Strict):
-    name: str
-    labels: LabelMap = Field(default_factory=dict)    # the watch's labels
-    format: str = "auto"
-    pattern: str | None = None
-    log: str | None = None
-    log_name: str = "train.log"                     # what {{ $file }} renders for log lines
-    input_samples: list[InputSample] = Field(default_factory=list)
-    dumps: list[DumpInput] = Field(default_factory=list)
-    interval: Duration | None = None                # default: evaluation_interval
-    alert_rule_test: list[AlertRuleTest] = Field(min_length=1)
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_labels(v)
-
-    @model_validator(mode="after")
-    def _inputs(self) -> "RuleTest":
-        if self.log is None and not self.input_samples and not self.dumps:
-            raise ValueError("a test needs `log`, `input_samples` or `dumps`")
-        try:
-            CompositeParser(self.parser_format, self.pattern)
-        except UnknownFormat as exc:
-            raise ValueError(str(exc)) from None
-        return self
-
-    @property
-    def parser_format(self) -> str:
-        """A pattern alone means the user's own format, as `replay --pattern` does."""
-        return "custom" if self.pattern and self.format == "auto" else self.format
-
-
-class RuleTestFile(_Strict):
-    rule_files: list[str] | None = None   # relative to the test file, globs allowed; None: shipped
-    evaluation_interval: Duration = Field(1.0, gt=0)
-    tests: list[RuleTest] = Field(min_length=1)
 
 
 @dataclass

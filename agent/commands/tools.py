@@ -15,9 +15,10 @@ import sys
 import time
 from typing import Any, Iterable
 
+from ..config.rules import SEVERITIES  # ordered, lowest first
+
 EXIT_OK, EXIT_FINDINGS, EXIT_ERRORS = 0, 1, 2
 EXIT_PIPE = 141                  # 128 + SIGPIPE: what a shell reports for `yes | head`
-SEVERITIES = ("info", "warning", "ticket", "page", "critical")
 DEFAULT_FAIL_ON = "page"
 
 

@@ -13,16 +13,14 @@ from dataclasses import dataclass, field
 from collections import OrderedDict
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
-
+from ..config.base import Strict
 from ..model import Labels, Sample, SourcePos
 from ..series.state import SeriesState
 
 
-class Params(BaseModel):
-    """Base for a kind's parameters: unknown keys are errors, so typos do not pass silently."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Params(Strict):
+    """Base for a kind's parameters (the configuration's strict base: unknown keys are errors,
+    so typos do not pass silently). Each kind's model lives beside its detector, like a plug-in."""
 
 
 P = TypeVar("P", bound=Params)

@@ -30,104 +30,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-from ..config import ConfigError, Duration, check_labels, load_yaml_mapping
+from ..config import ConfigError, load_yaml_mapping
+from ..config.rules import TEMPLATE_RE, RuleFileModel, RuleSpec
 from ..detectors import KINDS, Detector
 from ..model import Labels, SourcePos
 
 log = logging.getLogger(__name__)
-
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TEMPLATE_RE = re.compile(r"\{\{\s*\$([A-Za-z_]+)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\s*\}\}")
-_TEMPLATE_ROOTS = {"labels": True, "params": True, "evidence": True,
-                   "value": False, "step": False, "file": False, "line": False, "alertname": False,
-                   "runbook_base": False}
-SEVERITIES = ("info", "warning", "ticket", "page", "critical")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class Match(_Strict):
-    labels: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("labels")
-    @classmethod
-    def _regexes(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, pattern in v.items():
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"label {key!r}: invalid regex {pattern!r}: {exc}") from exc
-        return v
-
-
-class RuleSpec(_Strict):
-    alert: str
-    kind: str
-    match: Match = Field(default_factory=Match)
-    params: dict[str, Any] = Field(default_factory=dict)
-    for_: Duration = Field(0.0, alias="for")
-    keep_firing_for: Duration = 0.0
-    resolve_after: Duration | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
-    annotations: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("alert")
-    @classmethod
-    def _alert_name(cls, v: str) -> str:
-        if not _NAME_RE.match(v):
-            raise ValueError(f"alert name {v!r} must match {_NAME_RE.pattern}")
-        return v
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, v: str) -> str:
-        if v not in KINDS:
-            raise ValueError(f"unknown rule kind {v!r}; known kinds: {', '.join(sorted(KINDS))}")
-        return v
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        sev = v.get("severity")
-        if sev is None:
-            raise ValueError("labels.severity is required")
-        if sev not in SEVERITIES:
-            raise ValueError(f"severity {sev!r} must be one of {', '.join(SEVERITIES)}")
-        return check_labels({k: val for k, val in v.items() if k != "severity"}) | {"severity": sev}
-
-    @field_validator("annotations")
-    @classmethod
-    def _templates(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, text in v.items():
-            for m in _TEMPLATE_RE.finditer(text):
-                root, attr = m.group(1), m.group(2)
-                if root not in _TEMPLATE_ROOTS:
-                    raise ValueError(f"annotation {key!r}: unknown template variable ${root}")
-                if _TEMPLATE_ROOTS[root] != (attr is not None):
-                    raise ValueError(f"annotation {key!r}: ${root} " +
-                                     ("needs a field, e.g. ${root}.name" if _TEMPLATE_ROOTS[root] else "takes no field"))
-            if "{{" in _TEMPLATE_RE.sub("", text):
-                raise ValueError(f"annotation {key!r}: unsupported template expression")
-        return v
-
-    @model_validator(mode="after")
-    def _params(self) -> "RuleSpec":
-        KINDS[self.kind].params_model.model_validate(self.params)  # raises with the field name
-        return self
-
-
-class Group(_Strict):
-    name: str
-    rules: list[RuleSpec] = Field(default_factory=list)
-
-
-class RuleFileModel(_Strict):
-    groups: list[Group]
-
 
 def render(template: str, ctx: Mapping[str, Any]) -> str:
     """Fill a validated annotation template; a missing value renders as an empty string."""
@@ -141,7 +51,7 @@ def render(template: str, ctx: Mapping[str, Any]) -> str:
         if isinstance(val, float):
             return format(val, ".6g")
         return str(val)
-    return _TEMPLATE_RE.sub(sub, template)
+    return TEMPLATE_RE.sub(sub, template)
 
 
 @dataclass
