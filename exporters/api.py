@@ -3,14 +3,14 @@ pipeline lock, rendered by the HTTP exporter; kept apart from the daemon's worke
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Iterable, Mapping
 
 from .. import __version__, kernels
-from ..model import AlertState
+from ..config import Watch
 from ..engine.pipeline import Pipeline
-
-if TYPE_CHECKING:  # pragma: no cover - typing only (the daemon imports this module)
-    from ..daemon.agent import Agent
+from ..health import Health
+from ..model import AlertState
+from ..readers.logstream import LogStream
 
 
 def alerts_json(pipeline: Pipeline) -> dict[str, Any]:
@@ -19,10 +19,11 @@ def alerts_json(pipeline: Pipeline) -> dict[str, Any]:
         return {"alerts": [a.to_json() for a in pipeline.alerts.alerts.values() if a.state != AlertState.RESOLVED]}
 
 
-def status_json(agent: "Agent") -> dict[str, Any]:
-    """Watches, followed files, series, rules and their errors, counters, kernels in use."""
-    counters, errors, gauges = agent.health.snapshot()
-    pipeline = agent.pipeline
+def status_json(health: Health, pipeline: Pipeline, streams: Mapping[str, LogStream], watches: Iterable[Watch],
+                modes: Mapping[str, str]) -> dict[str, Any]:
+    """Watches (with their watch mode), followed files, series, rules and their errors, counters,
+    kernels in use."""
+    counters, errors, gauges = health.snapshot()
     with pipeline.lock:
         series = [{"labels": dict(s.labels), **s.to_dict(), "loss_scaling": s.loss_scaling}
                   for s in pipeline.series.values()]
@@ -30,9 +31,9 @@ def status_json(agent: "Agent") -> dict[str, Any]:
         rules = [{"alert": r.name, "kind": r.spec.kind, "file": r.file, "group": r.group}
                  for r in pipeline.rules.rules]
     files = [{"path": p, "format": s.format, "lines": s.stats.lines, "records": s.stats.records}
-             for p, s in list(agent.streams.items())]
+             for p, s in list(streams.items())]
     watches = [{"path": str(w.path), "kind": w.kind, "labels": w.labels,
-                "mode": agent.watcher.modes.get(str(w.path), "pending")} for w in agent.config.watches]
+                "mode": modes.get(str(w.path), "pending")} for w in watches]
     return {"version": __version__, "ready": bool(gauges["ready"]), "kernels": kernels.active(),
             "watches": watches, "files": files, "series": series, "rules": rules,
             "rule_errors": rule_errors, "counters": counters, "errors": errors}

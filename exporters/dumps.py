@@ -1,73 +1,17 @@
-"""Dump-side results the agent exports: cross-rank digests and compare outcomes.
-
-Training series live in the pipeline; these come from the dump scan thread, so they are kept in a
-small locked book. Label sets are the dump watch's labels plus ``rank`` (digests) or ``mode``
-(compares): bounded by the number of watches and ranks on one host, capped anyway. Op names and
-steps are never labels here; the last full comparison tables are served as JSON instead.
+"""Dump-side results on /metrics: cross-rank digests and compare outcomes, read as snapshots of
+the dump result book (agent/dumps/results.py). Op names and steps are never labels here; the last
+full comparison tables are served as JSON instead (``/api/v1/compare``).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..model import Labels
-from .metrics import P, _keys, _values
-
-MAX_LABEL_SETS = 512
-MAX_RESULTS = 16
-
-
-class DumpBook:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._digests: OrderedDict[Labels, tuple[int, float, int]] = OrderedDict()   # -> step, value, tensors
-        self._compares: OrderedDict[Labels, dict[str, float]] = OrderedDict()
-        self._results: OrderedDict[str, dict[str, Any]] = OrderedDict()              # unit -> last result
-
-    @staticmethod
-    def _put(d: OrderedDict, key: Any, value: Any, cap: int) -> None:
-        d[key] = value
-        d.move_to_end(key)
-        while len(d) > cap:
-            d.popitem(last=False)
-
-    def set_digest(self, labels: Labels, step: int | None, value: int, tensors: int) -> None:
-        """The latest step's digest of one rank (an older step never overwrites a newer one)."""
-        with self._lock:
-            old = self._digests.get(labels)
-            if old is not None and step is not None and old[0] > step:
-                return
-            self._put(self._digests, labels, (step if step is not None else -1, float(value), tensors),
-                      MAX_LABEL_SETS)
-
-    def record_compare(self, labels: Labels, unit: str, result: dict[str, Any], diverged: bool,
-                       now: float) -> None:
-        with self._lock:
-            c = self._compares.get(labels) or {"runs": 0, "diverged": 0, "pairs": 0, "unmatched": 0,
-                                               "differing": 0, "last": 0.0}
-            c["runs"] += 1
-            c["diverged"] += int(diverged)
-            c["pairs"] = float(result.get("pairs") or 0)
-            c["unmatched"] = float(len(result.get("unmatched") or ()))
-            c["differing"] = float(result.get("differ_bitwise") or 0)
-            c["last"] = now
-            self._put(self._compares, labels, c, MAX_LABEL_SETS)
-            self._put(self._results, unit, {"unit": unit, "labels": dict(labels), "time": now,
-                                            "diverged": diverged, **result}, MAX_RESULTS)
-
-    def results(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(reversed(self._results.values()))
-
-    def snapshot(self) -> tuple[list, list]:
-        with self._lock:
-            return list(self._digests.items()), [(k, dict(v)) for k, v in self._compares.items()]
-
+from ..dumps.results import DumpBook
+from .metrics import P, label_keys, label_values
 
 class DumpCollector(Collector):
     def __init__(self, book: DumpBook) -> None:
@@ -75,16 +19,16 @@ class DumpCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         digests, compares = self.book.snapshot()
-        keys = _keys(k for k, _ in digests)
+        keys = label_keys(k for k, _ in digests)
         d = GaugeMetricFamily(P + "dump_digest", "Digest (48 bits) of the tensors named by the watch's "
                               "`digest:` regex, latest dumped step of this rank.", labels=keys)
         s = GaugeMetricFamily(P + "dump_digest_step", "Step of precision_agent_dump_digest.", labels=keys)
         for labels, (step, value, _n) in digests:
-            d.add_metric(_values(labels, keys), value)
-            s.add_metric(_values(labels, keys), step)
+            d.add_metric(label_values(labels, keys), value)
+            s.add_metric(label_values(labels, keys), step)
         yield d
         yield s
-        keys = _keys(k for k, _ in compares)
+        keys = label_keys(k for k, _ in compares)
         runs = CounterMetricFamily(P + "dump_compares", "Dump steps compared with the benchmark or rerun.",
                                    labels=keys)
         div = CounterMetricFamily(P + "dump_compares_diverged",
@@ -97,7 +41,7 @@ class DumpCollector(Collector):
         last = GaugeMetricFamily(P + "dump_compare_last_timestamp_seconds", "When the last comparison ended.",
                                  labels=keys)
         for labels, c in compares:
-            v = _values(labels, keys)
+            v = label_values(labels, keys)
             runs.add_metric(v, c["runs"])
             div.add_metric(v, c["diverged"])
             pairs.add_metric(v, c["pairs"])

@@ -27,14 +27,14 @@ _GAUGES = ((LOSS, "training_loss", "Last training loss read from the log."),
            (LEARNING_RATE, "training_learning_rate", "Last learning rate read from the log."))
 
 
-def _keys(label_sets: Iterable[Labels]) -> list[str]:
+def label_keys(label_sets: Iterable[Labels]) -> list[str]:
     keys: set[str] = set()
     for labels in label_sets:
         keys.update(k for k, _ in labels)
     return sorted(keys)
 
 
-def _values(labels: Labels, keys: list[str]) -> list[str]:
+def label_values(labels: Labels, keys: list[str]) -> list[str]:
     d = dict(labels)
     return [d.get(k, "") for k in keys]
 
@@ -127,12 +127,12 @@ class AgentCollector(Collector):
         yield c
 
     def _training(self, series: list) -> Iterator[Metric]:
-        keys = _keys(s[0] for s in series)
+        keys = label_keys(s[0] for s in series)
         for metric, name, help_ in _GAUGES:
             g = GaugeMetricFamily(P + name, help_, labels=keys)
             for labels, last, *_ in series:
                 if metric in last:
-                    g.add_metric(_values(labels, keys), last[metric])
+                    g.add_metric(label_values(labels, keys), last[metric])
             yield g
         g = GaugeMetricFamily(P + "training_step", "Last training step seen.", labels=keys)
         u = GaugeMetricFamily(P + "training_last_update_timestamp_seconds",
@@ -153,7 +153,7 @@ class AgentCollector(Collector):
                                     "When that first NaN/Inf happened (the line's time stamp where it has one).",
                                     labels=keys)
         for labels, last, step, overflow, decreases, nonfinite, records, updated, nf_step, nf_time in series:
-            vals = _values(labels, keys)
+            vals = label_values(labels, keys)
             if nf_step is not None:
                 first.add_metric(vals, nf_step)
             if nf_time is not None:
@@ -171,11 +171,11 @@ class AgentCollector(Collector):
         yield from (g, u, ov, dec, rec, nf, first, first_t)
 
     def _alerts(self, alerts: list, findings: dict[str, int]) -> Iterator[Metric]:
-        keys = [k for k in _keys(a[2] for a in alerts) if k not in ("alertname", "alertstate")]
+        keys = [k for k in label_keys(a[2] for a in alerts) if k not in ("alertname", "alertstate")]
         g = GaugeMetricFamily(P + "alerts", "Active alerts, in the shape of Prometheus' ALERTS series.",
                               labels=["alertname", "alertstate"] + keys)
         for rule, state, labels in alerts:
-            g.add_metric([rule, state] + _values(labels, keys), 1)
+            g.add_metric([rule, state] + label_values(labels, keys), 1)
         yield g
         c = CounterMetricFamily(P + "findings", "Detector findings by rule.", labels=["alertname"])
         for rule, n in sorted(findings.items()):

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from precision_agent.detectors.base import PerSeries
+from precision_agent.store.book import MemoryBook
 from precision_agent.store.memory import (CodecError, decode, decode_record, dump_key, encode, encode_record,
-                                    load_key, slots_of)
+                                    load_key)
+from precision_agent.detectors.base import slots_of
 from precision_agent.model import LOSS, LOSS_SCALE, OVERFLOW, Sample, SourcePos
 from precision_agent.engine.pipeline import Pipeline
 from precision_agent.engine.rulefile import load_rules
@@ -105,14 +107,14 @@ def outcome(p: Pipeline, findings: list) -> tuple[list, dict]:
 
 def restarted(rules_dir: Path, state: Path, samples: list[Sample], split: int) -> tuple[list, dict]:
     """Process ``samples[:split]``, commit as the daemon does, restart from the store, process the rest."""
-    p1 = Pipeline(load_rules([rules_dir]))
+    p1 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     findings = p1.process(samples[:split])
     store = StateStore(state)
     store.commit(alerts=list(p1.alerts.alerts.values()), deleted_alerts=p1.alerts.deleted,
                  series=list(p1.series.values()), memory=p1.memory_delta())
     store.close()
     store = StateStore(state)
-    p2 = Pipeline(load_rules([rules_dir]))
+    p2 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p2.alerts.load(store.load_alerts())
     for st in store.load_series():
         p2.series[st.labels] = st
@@ -125,7 +127,7 @@ def restarted(rules_dir: Path, state: Path, samples: list[Sample], split: int) -
 
 def test_a_restart_anywhere_gives_the_findings_of_an_uninterrupted_run(rules_dir, tmp_path):
     samples = stream()
-    p = Pipeline(load_rules([rules_dir]))
+    p = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     expected = outcome(p, p.process(samples))
     fired = {r for r, _, _ in expected[0]}
     assert fired == {"Decreasing", "Ratio", "Spike", "Stuck", "Diverging", "Zero", "Overflows"}, expected
@@ -137,13 +139,13 @@ def test_a_restart_anywhere_gives_the_findings_of_an_uninterrupted_run(rules_dir
 def test_without_memory_a_restart_changes_what_is_found(rules_dir, tmp_path):
     """The property above is not vacuous: dropping the memory rows changes the outcome."""
     samples = stream()
-    p = Pipeline(load_rules([rules_dir]))
+    p = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     expected = outcome(p, p.process(samples))
     differs = 0
     for split in range(1, len(samples), 7):
-        p1 = Pipeline(load_rules([rules_dir]))
+        p1 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
         findings = p1.process(samples[:split])
-        p2 = Pipeline(load_rules([rules_dir]))
+        p2 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
         p2.alerts.load(list(p1.alerts.alerts.values()))
         p2.series.update(p1.series)
         findings += p2.process(samples[split:])
@@ -160,13 +162,13 @@ def test_overflow_ratio_and_spike_windows_span_the_restart(rules_dir, tmp_path):
     after = [sample(LOSS, 9.0, 41)] + [sample(OVERFLOW, 1.0, 41)] + [sample(LOSS, 2.0, 42)]
     _, alerts = restarted(rules_dir, tmp_path / "st", before + after, len(before))
     assert alerts.get("Spike") == "firing" and alerts.get("Ratio") == "firing"
-    p = Pipeline(load_rules([rules_dir]))  # no restart: the same
+    p = Pipeline(load_rules([rules_dir]), memory=MemoryBook())  # no restart: the same
     assert outcome(p, p.process(before + after))[1] == alerts
 
 
 def test_edited_rule_starts_empty_and_removed_rule_rows_are_deleted(rules_dir, tmp_path):
     samples = [s for s in stream() if s.step <= 50]  # two of the three back-offs of the first collapse
-    p1 = Pipeline(load_rules([rules_dir]))
+    p1 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p1.process(samples)
     store = StateStore(tmp_path / "st")
     store.commit(memory=p1.memory_delta())
@@ -174,7 +176,7 @@ def test_edited_rule_starts_empty_and_removed_rule_rows_are_deleted(rules_dir, t
     assert {"Decreasing", "Spike", "Ratio"} <= rules_of
     (rules_dir / "r.yml").write_text(RULES.replace("window: 100,", "window: 90,")
                                      .replace("      - alert: Zero\n", "      - alert: Gone\n"))
-    p2 = Pipeline(load_rules([rules_dir]))
+    p2 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p2.restore_memory(store.load_memory(), 0.0)
     dec = next(r for r in p2.rules.rules if r.name == "Decreasing").detector
     spike = next(r for r in p2.rules.rules if r.name == "Spike").detector
@@ -187,13 +189,13 @@ def test_edited_rule_starts_empty_and_removed_rule_rows_are_deleted(rules_dir, t
 
 def test_corrupt_row_empties_that_rule_only_and_is_reported(rules_dir, tmp_path):
     samples = [s for s in stream() if s.step <= 50]
-    p1 = Pipeline(load_rules([rules_dir]))
+    p1 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p1.process(samples)
     store = StateStore(tmp_path / "st")
     store.commit(memory=p1.memory_delta())
     store.db.execute("UPDATE memory SET data='{\"values\": {\"$zz\": 1}}' WHERE rule LIKE '%|Spike'")
     store.db.execute("UPDATE memory SET data='{\"last\": \"a string\"}' WHERE rule LIKE '%|Decreasing'")
-    p2 = Pipeline(load_rules([rules_dir]))
+    p2 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p2.restore_memory(store.load_memory(), 0.0)
     assert len(p2.memory.errors) == 2 and all("unreadable" in e for e in p2.memory.errors)
     by = {r.name: r.detector for r in p2.rules.rules}
@@ -201,7 +203,7 @@ def test_corrupt_row_empties_that_rule_only_and_is_reported(rules_dir, tmp_path)
     assert len(by["Ratio"]._tracks) == 1 and len(by["Stuck"]._tracks) == 1
     p2.process([sample(LOSS, 2.0, 51)])  # the emptied rules work
     store.commit(memory=p2.memory_delta())  # and their bad rows are gone
-    p3 = Pipeline(load_rules([rules_dir]))
+    p3 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p3.restore_memory(store.load_memory(), 0.0)
     assert p3.memory.errors == []
     store.close()
@@ -230,7 +232,7 @@ def test_memory_rows_follow_evictions_and_stay_bounded(tmp_path):
     rules_dir = tmp_path / "rules"
     rules_dir.mkdir()
     (rules_dir / "r.yml").write_text(RULES)
-    p = Pipeline(load_rules([rules_dir]), max_series=5000)
+    p = Pipeline(load_rules([rules_dir]), max_series=5000, memory=MemoryBook())
     spike = next(r for r in p.rules.rules if r.name == "Spike").detector
     spike._tracks._cap = 50
     store = StateStore(tmp_path / "st")
@@ -332,13 +334,13 @@ def test_keep_firing_for_wait_survives_a_restart(tmp_path):
     (rules_dir / "r.yml").write_text(RULES.replace("        params: {condition: decreases",
                                                    "        keep_firing_for: 60s\n        params: {condition: decreases"))
     samples = [s for s in stream() if s.step <= 100]  # the collapse, then the recovery at 100
-    p1 = Pipeline(load_rules([rules_dir]))
+    p1 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p1.process(samples)
     (dec,) = [a for a in p1.alerts.alerts.values() if a.rule == "Decreasing"]
     assert dec.state.value == "firing" and p1.alerts.cleared_since()
     store = StateStore(tmp_path / "st")
     store.commit(alerts=list(p1.alerts.alerts.values()), memory=p1.memory_delta())
-    p2 = Pipeline(load_rules([rules_dir]))
+    p2 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p2.alerts.load(store.load_alerts())
     p2.restore_memory(store.load_memory(), 0.0)
     store.close()
@@ -355,7 +357,7 @@ def test_memory_touched_but_unchanged_writes_nothing(tmp_path):
     d.mkdir()
     (d / "r.yml").write_text("groups:\n  - name: g\n    rules:\n      - alert: Stalled\n        kind: stalled\n"
                              "        params: {after: 600, progress: step}\n        labels: {severity: ticket}\n")
-    p = Pipeline(load_rules([d]))
+    p = Pipeline(load_rules([d]), memory=MemoryBook())
     p.process([sample(LOSS, 3.0, 1)])
     p.tick(1001.0)
     first = p.memory_delta()
@@ -381,7 +383,7 @@ def test_weight_memory_is_written_per_changed_weight(tmp_path):
     d.mkdir()
     (d / "r.yml").write_text("groups:\n  - name: g\n    rules:\n      - alert: WNC\n        kind: weight_not_changed\n"
                              "        labels: {severity: ticket}\n")
-    p = Pipeline(load_rules([d]))
+    p = Pipeline(load_rules([d]), memory=MemoryBook())
 
     def weight(step: int, name: str) -> Sample:
         attrs = (("tensor", name), ("role", "weight"), ("fn", ""), ("bias", False), ("count", 8), ("min", -1.0),
@@ -401,7 +403,7 @@ def test_weight_memory_is_written_per_changed_weight(tmp_path):
 def test_an_edited_rule_stores_its_memory_again(rules_dir, tmp_path):
     """After an edit the old rows are pruned; a record equal to one written before the edit must
     still be written under the new rule (nothing is skipped as 'unchanged')."""
-    p = Pipeline(load_rules([rules_dir]))
+    p = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p.process([sample(LOSS, 3.0, 1)])
     before = {(u[0], u[1], u[2]): u[4] for u in p.memory_delta().upserts}
     assert before

@@ -17,7 +17,7 @@ from ..compare.live import DumpWork, after_scan, compare_sample
 from ..config import Config, Watch
 from ..dumps.schedule import DumpScheduler, ScanResult, labelled
 from ..dumps.types import LIMITS
-from ..exporters.dumps import DumpBook
+from ..dumps.results import DumpBook
 from ..health import Health
 from ..model import make_labels
 from ..engine.pipeline import Pipeline

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from collections import OrderedDict
 from typing import Any, ClassVar, Generic, TypeVar
 
+from pydantic import BaseModel
+
 from ..config.base import Strict
 from ..model import Labels, Sample, SourcePos
 from ..series.state import SeriesState
@@ -173,3 +175,20 @@ class PerSeries(Generic[V]):
 
 def step_of(sample: Sample, series: SeriesState) -> int | None:
     return sample.step if sample.step is not None else series.last_step
+
+
+def slots_of(det: Detector) -> dict[str, PerSeries]:
+    """The detector's PerSeries, by attribute path (one level of helper objects, e.g. StepQuota)."""
+    out: dict[str, PerSeries] = {}
+    for name, v in vars(det).items():
+        if isinstance(v, PerSeries):
+            out[name] = v
+        elif hasattr(v, "__dict__") and not isinstance(v, (BaseModel, type)):
+            for sub, w in vars(v).items():
+                if isinstance(w, PerSeries):
+                    out[f"{name}.{sub}"] = w
+    return out
+
+
+def explicit(det: Detector) -> bool:
+    return type(det).state is not Detector.state

@@ -88,6 +88,11 @@ class AlertBook:
                 self._maybe_resolve(a, rule, now)
 
     # -- outputs -----------------------------------------------------------------------------
+    def committed(self) -> None:
+        """The state store holds every dirty and deleted alert now."""
+        self.dirty.clear()
+        self.deleted.clear()
+
     def drain_transitions(self) -> list[Transition]:
         out, self._transitions = self._transitions, []
         return out

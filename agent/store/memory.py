@@ -29,9 +29,8 @@ from collections import OrderedDict, deque
 from typing import Any, Iterable
 
 import numpy as np
-from pydantic import BaseModel
 
-from ..detectors.base import Detector, PerSeries
+from ..detectors.base import explicit, slots_of
 from ..model import Labels, Sample, SourcePos
 from ..engine.rulefile import Rule
 
@@ -262,23 +261,6 @@ def _check_like(default: Any, value: Any, name: str, hint: str) -> None:
 
 
 # -- where a detector keeps its memory -----------------------------------------------------------
-def slots_of(det: Detector) -> dict[str, PerSeries]:
-    """The detector's PerSeries, by attribute path (one level of helper objects, e.g. StepQuota)."""
-    out: dict[str, PerSeries] = {}
-    for name, v in vars(det).items():
-        if isinstance(v, PerSeries):
-            out[name] = v
-        elif hasattr(v, "__dict__") and not isinstance(v, (BaseModel, type)):
-            for sub, w in vars(v).items():
-                if isinstance(w, PerSeries):
-                    out[f"{name}.{sub}"] = w
-    return out
-
-
-def explicit(det: Detector) -> bool:
-    return type(det).state is not Detector.state
-
-
 def digest(rule: Rule) -> str:
     """What the rule's memory means: kind, parameters (with defaults), matchers, memory layout."""
     det = rule.detector

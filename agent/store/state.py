@@ -30,7 +30,7 @@ from ..readers.tailer import TailPosition
 from ..series.state import SeriesState
 
 if TYPE_CHECKING:
-    from ..engine.pipeline import MemoryDelta
+    from .book import MemoryDelta
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")

@@ -1,0 +1,166 @@
+"""The one worker thread: it owns the followed files, the pipeline and the state store, so
+detection needs no locks. Each pass takes a batch from the change queue, reads what changed,
+hands finished dump scans to the pipeline, ticks time-based rules, pushes alerts and commits
+offsets, alerts, series and detector memory in one transaction."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from ..config import Config
+from ..engine.alerts import Transition
+from ..engine.pipeline import Pipeline
+from ..exporters.alertmanager import AlertmanagerPusher
+from ..health import Health, Heartbeat, bind
+from ..model import AlertState, Labels, Sample
+from ..readers.following import Follower
+from ..sources.confine import Confinement
+from ..sources.queue import ChangeQueue
+from ..sources.watcher import TreeWatcher
+from ..store.state import StateError, StateStore
+from .dumpflow import DumpFlow
+from .reload import Reloader
+from .systemd import sd_notify
+
+log = logging.getLogger("precision_agent")
+
+
+class Worker:
+    def __init__(self, config: Config, health: Health, queue: ChangeQueue, stop: threading.Event,
+                 pipeline: Pipeline, store: StateStore, dumpflow: DumpFlow, reloader: Reloader,
+                 confine: Confinement, watcher: TreeWatcher, alertmanager: AlertmanagerPusher | None,
+                 on_transition: Callable[[Transition], None] | None) -> None:
+        self.config = config
+        self.health = health
+        self.queue = queue
+        self.stop = stop
+        self.pipeline = pipeline
+        self.store = store
+        self.dumpflow = dumpflow
+        self.dumps = dumpflow.scheduler
+        self.reloader = reloader
+        self.confine = confine
+        self.watcher = watcher
+        self.alertmanager = alertmanager
+        self.on_transition = on_transition
+        # the main worker always has work (its loop runs every evaluation_interval at least)
+        self.beat = Heartbeat("worker", busy=True)
+        self.follower = Follower(config, health, confine, self.beat, self._process, self.dumps.touched,
+                                 queue.put, stop.is_set)
+        self._expired: list[Labels] = []  # series to delete at the next commit
+
+    def run(self) -> None:
+        # Ready as soon as the watches are set up and the worker runs: catching up on a large
+        # backlog can take minutes, and systemd must not time the start out meanwhile (the
+        # progress is visible in precision_agent_log_lines_read_total).
+        bind(self.beat)
+        self.health.set("ready", 1)
+        sd_notify(f"READY=1\nSTATUS=watching {len(self.config.watches)} path(s)")
+        while not self.stop.is_set():
+            batch = self.queue.get(self.config.evaluation_interval, self.config.debounce)
+            self.beat.beat()
+            try:
+                if batch.reload_rules:
+                    self.reloader.check_config()
+                    self.reloader.reload_rules()
+                paths = list(batch.paths)
+                if batch.resync:
+                    paths += self._resync()
+                touched = self.follower.read(paths)
+                self.dumps.due()
+                for result in self.dumps.drain():
+                    self.dumpflow.handle(result)
+                now = time.time()
+                self._expired.extend(self.pipeline.expire(now, self.config.series_ttl))
+                self.pipeline.tick(now)
+                self._pipeline_errors()
+                self.emit_transitions()
+                if self.alertmanager is not None:
+                    self.alertmanager.sync(list(self.pipeline.alerts.alerts.values()), now)
+                self._commit(touched)
+            except Exception:  # never let one bad batch kill the agent
+                log.exception("unexpected error in worker")
+                self.health.error("internal", "unexpected error in worker (see traceback above)")
+        self._commit(set(self.follower.streams))
+
+    def _process(self, samples: list[Sample]) -> None:
+        self.pipeline.process(samples)
+        self._pipeline_errors()
+
+    def _pipeline_errors(self) -> None:
+        for message in self.pipeline.errors:
+            self.health.error("internal", "%s", message)
+        self.pipeline.errors.clear()
+
+    def _resync(self) -> list[str]:
+        self.health.inc("resyncs")
+        self.watcher.schedule_missing()
+        self.reloader.check_rule_files()
+        self.confine.refresh()
+        # a dump file: due() scans it only if it changed since its last scan
+        return self.follower.resync(lambda f: self.dumps.touched(f, 0.0))
+
+    def emit_transitions(self) -> None:
+        for t in self.pipeline.alerts.drain_transitions():
+            a = t.alert
+            if t.new == AlertState.FIRING:
+                log.warning("alert %s FIRING %s: %s", a.rule, dict(a.labels), a.annotations.get("summary", ""))
+            elif t.new == AlertState.RESOLVED:
+                log.info("alert %s resolved %s", a.rule, dict(a.labels))
+            if self.on_transition is not None:
+                self.on_transition(t)
+
+    def _commit(self, touched: set[str]) -> None:
+        offsets = self.follower.positions(touched)
+        memory = self.pipeline.memory_delta()  # detector memory: same transaction as offsets and alerts
+        self.memory_errors()
+        forget = self.follower.forget
+        changes = self.pipeline.state_changes()
+        if not (offsets or changes or forget or self._expired or memory):
+            return
+        try:
+            self.store.commit(offsets=offsets, alerts=changes.alerts, deleted_alerts=changes.deleted_alerts,
+                              series=changes.series, forget_offsets=forget, forget_series=self._expired,
+                              memory=memory)
+        except StateError as exc:
+            self.pipeline.memory.requeue(memory)
+            self.health.error("state", "could not save state (will retry): %s", exc)
+            return
+        self.follower.committed(offsets)
+        self._expired.clear()
+        self.pipeline.alerts.committed()
+        self.health.set("last_commit_timestamp_seconds", time.time())
+
+    # -- state at start --------------------------------------------------------------------------
+    def load_state(self) -> None:
+        self.follower.offsets = self.store.load_offsets()
+        for unit, (_dev, _ino, _size, _mtime, status) in self.store.load_scanned().items():
+            try:
+                self.dumps.scanned[unit] = tuple(int(x) for x in status.split(","))
+            except ValueError:
+                continue
+        alerts = self.store.load_alerts()
+        self.pipeline.alerts.load(alerts)
+        for st in self.store.load_series():
+            self.pipeline.series[st.labels] = st
+        log.info("state: %d offset(s), %d alert(s), %d series from %s", len(self.follower.offsets), len(alerts),
+                 len(self.pipeline.series), self.store.path)
+
+    def restore_memory(self) -> None:
+        try:
+            rows = self.store.load_memory()
+        except StateError as exc:
+            self.health.error("state", "could not read detector memory (rules start empty): %s", exc)
+            rows = []
+        self.pipeline.restore_memory(rows, time.time())
+        self.memory_errors()
+        self.emit_transitions()  # alerts of rules whose memory could not be kept resolve now
+        log.info("state: detector memory of %d series-rule pair(s) restored", len(rows))
+
+    def memory_errors(self) -> None:
+        for message in self.pipeline.memory.errors:
+            self.health.error("state", "%s", message)
+        self.pipeline.memory.errors.clear()
