@@ -13,7 +13,8 @@ import pytest
 
 import dump_writers as W
 from precision_agent.dumps.cann import dump_dir_location
-from precision_agent.dumps.scan import scan, scan_dump
+from precision_agent.commands.scan import scan
+from precision_agent.dumps.scan import scan_dump
 from precision_agent.dumps.schedule import result_samples
 from precision_agent.model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW
 from precision_agent.engine.rulefile import load_rules

@@ -12,7 +12,7 @@ import pytest
 
 import dump_writers as W
 from conftest import corpus_path, wait_for
-from precision_agent.dumps.scan import scan
+from precision_agent.commands.scan import scan
 
 MSPROBE_FIRST = {  # set -> first non-finite (op, tensor, step) per corpus/msprobe/GROUND_TRUTH.md
     "bench": None, "same": None, "drift": None, "stats_bench": None, "stats_drift": None,

@@ -17,7 +17,7 @@ import pytest
 from conftest import corpus_path
 from dump_writers import ge_step_dir, write_ops
 from precision_agent.config import ConfigError
-from precision_agent.dumps.scan import scan
+from precision_agent.commands.scan import scan
 from precision_agent.dumps.scanner import scan_array
 from precision_agent.dumps.watchpoints import (DUMP_TENSOR, STEP_END, SKETCH_SIZE, Classifier, sketch,
                                                subject_of, tensor_samples)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from .tools import add_fail_on, exit_status, progress_bar, run_quietly_on_closed_pipe
+from .tools import add_fail_on, exit_status, progress_bar, rules_dirs, run_quietly_on_closed_pipe
 from ..errors import DEFAULT_LISTEN, ConfigError
 from ..model import json_safe
 
@@ -36,12 +36,6 @@ def _watch_arg(text: str) -> dict[str, Any]:
     if sep and kind in ("log", "dump"):
         return {"path": path, "kind": kind}
     return {"path": text, "kind": "log"}
-
-
-def _rules_dirs(args: argparse.Namespace) -> list[Path]:
-    from ..engine.rulefile import default_rules_dir
-    dirs = [Path(d) for d in (args.rules or [])]
-    return dirs if dirs else [default_rules_dir()]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -90,7 +84,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"precision-agent: {path}: no such file", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        rules = load_rules(_rules_dirs(args))
+        rules = load_rules(rules_dirs(args))
         if rules.errors:
             for e in rules.errors.values():
                 print(f"precision-agent: {e}", file=sys.stderr)
@@ -115,7 +109,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_rules_check(args: argparse.Namespace) -> int:
     from ..engine.rulefile import load_rule_file, rule_files
     try:
-        files = rule_files([Path(d) for d in args.paths] if args.paths else _rules_dirs(args))
+        files = rule_files([Path(d) for d in args.paths] if args.paths else rules_dirs(args))
     except ConfigError as exc:
         print(f"FAILED {exc}", file=sys.stderr)
         return EXIT_PROBLEMS
@@ -134,44 +128,16 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if bad else EXIT_OK
 
 
+def cmd_scan(args: argparse.Namespace) -> int:
+    from .scan import run  # imported on use: building the parser must stay cheap for every command
+    return run(args)
+
+
 def _threads(text: str) -> int:
     n = int(text) if text.isdigit() else 0
     if not 1 <= n <= 64:
         raise argparse.ArgumentTypeError(f"{text!r}: a number of threads from 1 to 64")
     return n
-
-
-def cmd_scan(args: argparse.Namespace) -> int:
-    from ..dumps.scan import format_report, scan
-    from ..engine.rulefile import load_rules
-    path = Path(args.path)
-    if not path.exists():
-        print(f"precision-agent: {path}: no such file or directory", file=sys.stderr)
-        return EXIT_CONFIG
-    try:
-        rules = load_rules(_rules_dirs(args))
-    except ConfigError as exc:
-        print(f"precision-agent: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    if rules.errors:
-        for e in rules.errors.values():
-            print(f"precision-agent: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    from ..fusion.context import load_context
-    fusion = load_context(args.graph, args.fusion_report, root=path)
-    result = scan(path, args.step, rules, progress=progress_bar(args.progress), threads=args.threads,
-                  fusion=fusion)
-    if args.json:
-        json.dump(json_safe(result), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        print(format_report(result))
-    if not result["tensors"] and not result["overflows"] and not result["errors"]:
-        print(f"precision-agent: {path}: " + (f"no tensor at step {args.step}" if args.step is not None else
-              "no dump files found (msprobe dump.json, CANN, Opdebug, MindSpore, .npy/.npz) at any depth"),
-              file=sys.stderr)
-        return EXIT_CONFIG
-    return exit_status(result["findings"], result["errors"], args.fail_on)
 
 
 def cmd_rules_test(args: argparse.Namespace) -> int:

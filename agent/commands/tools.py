@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
 from ..config.rules import SEVERITIES  # ordered, lowest first
@@ -117,3 +118,10 @@ def progress_bar(flag: bool | None, **kw: Any) -> ProgressBar | None:
     """``--progress`` forces the bar, ``--no-progress`` hides it, default: when stderr is a tty."""
     show = flag or (flag is None and sys.stderr.isatty())
     return ProgressBar(flag is True, **kw) if show else None
+
+
+def rules_dirs(args: argparse.Namespace) -> list[Path]:
+    """``--rules DIR`` as given, else the shipped rule files."""
+    from ..engine.rulefile import default_rules_dir
+    dirs = [Path(d) for d in (args.rules or [])]
+    return dirs if dirs else [default_rules_dir()]

@@ -21,7 +21,7 @@ import os
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,9 +33,6 @@ from .opdebug import find_overflow_ops
 from .scanner import scan_array
 from .types import DumpError, DumpTensor
 from .windows import scan_region
-
-if TYPE_CHECKING:  # the rules stack is imported where it is used: `compare` never needs it
-    from ..engine.rulefile import RuleSet
 
 MAX_OPDEBUG_FILES = 10_000  # per scan: each is decoded, and each overflow becomes a JSON entry
 Progress = Callable[[int, int, int, int], None]  # (bytes done, bytes in all, tensors done, tensors in all)
@@ -174,59 +171,8 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
     first = first_bad_op(kept, stats)
     op = first["op"] if first else (found[0]["op"] if found else None)
     return {"path": str(path), "layout": layout, "layouts": layouts, "tensors": [asdict(s) for s in stats],
-            "first_nonfinite": first, "overflows": found, "fusion_suspect": _fusion_suspect(op),
+            "first_nonfinite": first, "overflows": found, "fusion_suspect": fusion_suspect_of(op),
             "errors": [{"path": p, "reason": r} for p, r in errors]}
-
-
-def _fusion_suspect(op: str | None, graph: Any = None, report: Any = None) -> dict[str, Any] | None:
-    """Whether the first bad op (or the first overflowing one) is a fused API or an op a fusion
-    pass made (docs/fusion.md)."""
-    from ..fusion.suspect import CatalogueError, suspect
-    try:
-        found = suspect(op, graph, report)
-    except CatalogueError as exc:
-        return {"op": op, "kind": None, "error": str(exc)}
-    return found.to_json() if found is not None else None
-
-
-def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | None = None,
-             ) -> list[dict[str, Any]]:
-    """Judge a scan result with ``rules`` exactly as the daemon does: the same samples, the
-    same detectors, a fresh pipeline."""
-    from ..engine.pipeline import Pipeline
-    from .schedule import result_samples  # schedule imports this module for the scan thread
-    pipeline = Pipeline(rules.fresh(), max_series=1 << 16, keep_findings=100_000)
-    pipeline.process(result_samples(result, labels or {}))
-    out = []
-    for f in pipeline.findings:
-        lab, ev = dict(f.labels), f.evidence
-        rank: Any = lab.get("rank")
-        out.append({"rule": f.rule, "kind": f.kind, "severity": f.severity, "step": f.step,
-                    "rank": int(rank) if rank and rank.isdigit() else rank, "op": lab.get("op"), "tensor": ev.get("tensor"),
-                    "summary": f.annotations.get("summary") or f.summary, "labels": lab, "evidence": ev})
-    return out
-
-
-def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
-         labels: dict[str, str] | None = None, progress: Progress | None = None,
-         threads: int = 1, fusion: Any = None) -> dict[str, Any]:
-    """``precision-agent scan``: :func:`scan_dump` plus the findings of ``rules`` (default: the
-    shipped rule files), tensors shown as msprobe shows them (:func:`with_inf_extremes`).
-    ``threads``: scanner threads per tensor (the daemon keeps 1). ``fusion``: the compiler's fusion
-    report and executed graph (agent/fusion/context.py), to name the passes behind a first bad op."""
-    if rules is None:
-        from ..engine.rulefile import default_rules_dir, load_rules
-        rules = load_rules([default_rules_dir()])
-    r = scan_dump(path, step, progress, threads)
-    if fusion is not None and not fusion.empty:
-        first = r["first_nonfinite"]
-        op = first["op"] if first else (r["overflows"][0]["op"] if r["overflows"] else None)
-        r["fusion_suspect"] = _fusion_suspect(op, fusion.graph, fusion.report)
-    if fusion is not None:
-        r["errors"] += [{"path": "fusion", "reason": e} for e in fusion.errors]
-    r["findings"] = findings(r, rules, labels)   # judged on the scanner's own statistics
-    r["tensors"] = [with_inf_extremes(t) for t in r["tensors"]]
-    return r
 
 
 def inf_extremes(mx: float | None, mn: float | None, pos_inf: int, neg_inf: int,
@@ -253,53 +199,12 @@ def with_inf_extremes(t: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _num(v: Any) -> str:
-    """A statistic in a table cell: ±Inf and NaN as msprobe prints them (inf, -inf, nan)."""
-    if v is None:
-        return "-"
-    if isinstance(v, str):          # already JSON-safe ("+Inf")
-        return {"+Inf": "inf", "-Inf": "-inf", "NaN": "nan"}.get(v, v)
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
-
-
-def _at(step: Any, rank: Any) -> str:
-    parts = [f"{k} {v}" for k, v in (("step", step), ("rank", rank)) if v is not None]
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-def format_report(r: dict[str, Any], limit: int = 40) -> str:
-    """The text report: every name in full (the tensor column comes last, so long names never
-    push the numbers out of line), steps and ranks as ``-`` where the layout has none."""
-    lines = [f"path:    {r['path']}", f"layout:  {r['layout']}"
-             + (f" ({', '.join(r['layouts'])})" if r.get("layouts") and r["layout"] == "mixed" else ""),
-             f"tensors: {len(r['tensors'])}"]
-    bad = [t for t in r["tensors"] if t["nan"] or t["pos_inf"] or t["neg_inf"]]
-    lines.append(f"with NaN/Inf: {len(bad)}")
-    f = r["first_nonfinite"]
-    lines.append("first bad op: " + (f"{f['op']} {f['tensor']}{_at(f['step'], f['rank'])}" if f else "none"))
-    fs_ = r.get("fusion_suspect")
-    if fs_ and fs_.get("kind"):
-        lines.append(f"fusion suspect: {fs_['op']} is a fused {fs_.get('api') or 'op'} ({fs_['kind']}): {fs_['advice']}")
-    if bad:
-        lines.append(f"{'step':>5} {'rank':>4} {'nan':>8} {'+inf':>8} {'-inf':>8} {'max':>12} {'min':>12}  tensor")
-        for t in bad[:limit]:
-            lines.append(f"{_num(t['step']):>5} {_num(t['rank']):>4} {t['nan']:>8} {t['pos_inf']:>8} {t['neg_inf']:>8}"
-                         f" {_num(t['max']):>12} {_num(t['min']):>12}  {t['name']} {t['io']}[{t['index']}]")
-        if len(bad) > limit:
-            lines.append(f"... and {len(bad) - limit} more (use --json)")
-    ovf = r.get("overflows") or []
-    lines.append(f"overflows: {len(ovf)}" + (" (earliest first)" if ovf else ""))
-    for o in ovf[:limit]:
-        lines.append(f"  step {_num(o['step'])} rank {_num(o['rank'])}  {o['op'] or '(dump file not found)'} "
-                     f"[{o['op_type'] or '?'}]  {o['accelerator']} task {o['task_id']} stream {o['stream_id']}: "
-                     f"{o['status'] or 'no flag'}")
-    fs = r.get("findings") or []
-    lines.append(f"findings: {len(fs)}")
-    for f in fs[:limit]:
-        lines.append(f"  [{f['severity']}] {f['rule']}{' step ' + str(f['step']) if f['step'] is not None else ''}: "
-                     f"{f['summary']}")
-    for e in r["errors"][:limit]:
-        lines.append(f"unreadable: {e['path']}: {e['reason']}")
-    if len(r["errors"]) > limit:
-        lines.append(f"... and {len(r['errors']) - limit} more unreadable (use --json)")
-    return "\n".join(lines)
+def fusion_suspect_of(op: str | None, graph: Any = None, report: Any = None) -> dict[str, Any] | None:
+    """Whether the first bad op (or the first overflowing one) is a fused API or an op a fusion
+    pass made (docs/fusion.md)."""
+    from ..fusion.suspect import CatalogueError, suspect
+    try:
+        found = suspect(op, graph, report)
+    except CatalogueError as exc:
+        return {"op": op, "kind": None, "error": str(exc)}
+    return found.to_json() if found is not None else None
