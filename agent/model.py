@@ -26,6 +26,9 @@ SKIPPED_CUMULATIVE = "skipped_cumulative"  # running skip counter printed by the
 DUMP_NONFINITE = "dump_nonfinite"  # a scanned dump whose first bad op was found (attrs: op, tensor, ...)
 DUMP_OVERFLOW = "dump_overflow"  # one overflow record of an Opdebug file (attrs: op, accelerator, status, ...)
 DUMP_FP16_SATURATED = "dump_fp16_saturated"  # fp16 values at ±65504 in one op's dumped outputs
+DUMP_DIVERGENCE = "dump_divergence"  # a comparison with the benchmark run diverged (attrs: op, verdict, ...)
+DUMP_NONDETERMINISM = "dump_nondeterminism"  # a rerun's dumps differ bitwise (attrs as dump_divergence)
+DUMP_TENSOR = "dump_tensor"    # one watched tensor's statistics (dumps/watchpoints.py)
 NONFINITE_MESSAGE = "nonfinite_message"  # an explicit trainer message that loss became NaN/Inf
 # Run-wide facts a log states once (agent/readers/parsers/hints.py); they apply to every series of
 # the file's run, whatever rank printed them

@@ -48,7 +48,7 @@ def test_rerun_difference_names_the_first_differing_tensor_and_writes_a_table(tm
     run, rerun = _tree(tmp_path / "run", a), _tree(tmp_path / "rerun", b)
     work = _work(tmp_path, run, rerun, mode="rerun")
     out = after_scan(str(run / "step1"), work, settle=1.0)
-    res = out["compare"]
+    res = out.compare
     assert res["mode"] == "rerun" and not res["identical"] and res["differ_bitwise"] == 1
     assert res["first_differing_tensor"]["op"].startswith("02_op2")
     assert res["first_differing_tensor"]["step"] == 1
@@ -63,14 +63,14 @@ def test_identical_steps_give_no_sample_and_an_incomplete_side_waits(tmp_path: P
     a = {"step0/w.npy": np.arange(10, dtype=np.float32)}
     run, other = _tree(tmp_path / "run", a), _tree(tmp_path / "other", a)
     work = _work(tmp_path, run, other, mode="rerun")
-    res = after_scan(str(run / "step0"), work, settle=1.0)["compare"]
+    res = after_scan(str(run / "step0"), work, settle=1.0).compare
     assert res["identical"] and compare_sample(res, {}, str(run / "step0")) is None
     (run / "step1").mkdir()
     np.save(run / "step1" / "w.npy", a["step0/w.npy"])
-    assert after_scan(str(run / "step1"), work, settle=1.0) == {"compare_waiting": str(other / "step1")}
+    assert after_scan(str(run / "step1"), work, settle=1.0).waiting_for == str(other / "step1")
     (other / "step1").mkdir()
     np.save(other / "step1" / "w.npy", a["step0/w.npy"])
-    assert "compare_waiting" in after_scan(str(run / "step1"), work, settle=30.0)  # just written: not settled
+    assert after_scan(str(run / "step1"), work, settle=30.0).waiting_for is not None  # just written: not settled
 
 
 @pytest.mark.corpus
@@ -78,14 +78,14 @@ def test_drift_against_bench_names_the_fp16_linear(tmp_path: Path) -> None:
     root = corpus_path("msprobe")
     work = _work(tmp_path, root / "drift", root / "bench", digest=r"^Functional\.linear\.\d+\.forward input\[1\]$")
     out = after_scan(str(root / "drift" / "step0" / "rank0"), work, settle=0.0)
-    res = out["compare"]
+    res = out.compare
     assert res["first_diverging_op"]["op"] == "Functional.linear.5.forward"
     s = compare_sample(res, {"run": "drift"}, str(root / "drift"))
     assert s is not None and s.metric == "dump_divergence" and dict(s.labels) == {"run": "drift", "rank": "0"}
     assert s.attr("op") == "Functional.linear.5.forward" and s.step == 0
     assert Path(res["csv"]).name == "step0__rank0.csv"
-    (d,) = out["digests"]
-    assert d["step"] == 0 and d["rank"] == 0 and d["tensors"] == 9
+    (d,) = out.digests
+    assert d.step == 0 and d.rank == 0 and d.tensors == 9
 
 
 def test_step_from_the_directory_name(tmp_path: Path) -> None:
@@ -101,5 +101,5 @@ def test_an_unwritable_table_directory_is_reported_not_fatal(tmp_path: Path) -> 
     run, other = _tree(tmp_path / "run", a), _tree(tmp_path / "other", a)
     (tmp_path / "blocked").write_text("a file where the table directory should be")
     work = DumpWork(run, CompareSpec(against=other, mode="rerun"), None, tmp_path / "blocked" / "csv")
-    res = after_scan(str(run / "step0"), work, settle=1.0)["compare"]
+    res = after_scan(str(run / "step0"), work, settle=1.0).compare
     assert res["identical"] and res["csv"] is None and "cannot write the comparison table" in res["csv_error"]

@@ -157,7 +157,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from ..detectors.ab import AbParams
     from ..readers.parsers import UnknownFormat
-    from ..fusion.ab import compare_logs
+    from .ab import compare_logs
     try:
         params = AbParams(window=args.window, min_steps=args.min_steps)
     except ValidationError as exc:

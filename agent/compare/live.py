@@ -13,15 +13,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config import CompareSpec
-from ..dumps.schedule import fusion_attrs, signature
-from ..model import Sample, SourcePos, json_safe, make_labels
-from ..detectors.dump_divergence import DUMP_DIVERGENCE
-from ..detectors.nondeterminism import DUMP_NONDETERMINISM
+from ..dumps.schedule import AfterScan, RankDigest, fusion_attrs, signature
+from ..model import DUMP_DIVERGENCE, DUMP_NONDETERMINISM, Sample, SourcePos, json_safe, make_labels
 from .digest import step_digests
 from .engine import compare_sides
 from .pairing import Side, read_side
@@ -108,24 +106,24 @@ def path_step(unit: str, root: Path) -> int | None:
     return None
 
 
-def after_scan(unit: str, work: DumpWork, settle: float) -> dict[str, Any]:
+def after_scan(unit: str, work: DumpWork, settle: float) -> AfterScan:
     """Digest and comparison of a freshly scanned directory (run on the scan thread)."""
-    out: dict[str, Any] = {}
+    out = AfterScan()
     target = read_side(unit)  # discovered once, for the digest and the comparison
     if work.digest is not None:
         step = path_step(unit, work.root)
-        out["digests"] = [dict(asdict(d), step=d.step if d.step is not None else step)
-                          for d in step_digests(target.tensors, work.digest)]
+        out.digests = [RankDigest(d.rank, d.step if d.step is not None else step, d.value, d.tensors)
+                       for d in step_digests(target.tensors, work.digest)]
     other = counterpart(unit, work)
     if other is not None:
         if ready(other, settle):
-            res = out["compare"] = compare_unit(unit, other, work, target)
+            res = out.compare = compare_unit(unit, other, work, target)
             for key in ("first_diverging_op", "corrupted_input", "first_differing_tensor"):
                 where = res.get(key)
                 if where and where.get("step") is None:
                     where["step"] = path_step(unit, work.root)
         else:
-            out["compare_waiting"] = str(other)
+            out.waiting_for = str(other)
     return out
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..compare.live import DumpWork, after_scan, compare_sample
 from ..config import Config, Watch
-from ..dumps.schedule import DumpScheduler, ScanResult, labelled
+from ..dumps.schedule import AfterScan, DumpScheduler, ScanResult, labelled
 from ..dumps.types import LIMITS
 from ..dumps.results import DumpBook
 from ..health import Health
@@ -56,13 +56,13 @@ class DumpFlow:
                    else self.config.state_dir / "compare")
         return DumpWork(Path(watch.path), spec, watch.digest, Path(csv_dir))
 
-    def after_scan(self, unit: str) -> dict:
+    def after_scan(self, unit: str) -> AfterScan:
         """Scan thread: comparison and digest, when the unit's watch asks for them."""
         watch = self._watch(unit)
         if watch is None:
-            return {}
+            return AfterScan()
         work = self.work(watch)
-        return after_scan(unit, work, self.config.dump_settle) if work.needed else {}
+        return after_scan(unit, work, self.config.dump_settle) if work.needed else AfterScan()
 
     def handle(self, r: ScanResult) -> None:
         """Worker thread: one scanned (or re-compared) dump directory."""
@@ -70,7 +70,7 @@ class DumpFlow:
         labels = dict(watch.labels) if watch is not None else {}
         if r.signature is not None:
             self._scanned(r, labels)
-        self._extra(r, labels)
+        self._after(r.unit, r.after, labels)
         for message in self.pipeline.errors:
             self.health.error("internal", "%s", message)
         self.pipeline.errors.clear()
@@ -90,27 +90,26 @@ class DumpFlow:
         except StateError as exc:
             self.health.error("state", "could not record the scan of %s: %s", r.unit, exc)
 
-    def _extra(self, r: ScanResult, labels: dict[str, str]) -> None:
-        x = r.extra
-        if "error" in x:
-            self.health.error("compare", "%s: %s", r.unit, x["error"])
-        for d in x.get("digests", ()):
-            ls = make_labels(labels, rank=str(d["rank"])) if d["rank"] is not None else make_labels(labels)
-            self.book.set_digest(ls, d["step"], d["value"], d["tensors"])
-        if "compare_waiting" in x:
-            if not self.scheduler.retry_later(r.unit):
-                self.health.error("compare", "%s: gave up waiting for %s", r.unit, x["compare_waiting"])
+    def _after(self, unit: str, x: AfterScan, labels: dict[str, str]) -> None:
+        if x.error is not None:
+            self.health.error("compare", "%s: %s", unit, x.error)
+        for d in x.digests:
+            ls = make_labels(labels, rank=str(d.rank)) if d.rank is not None else make_labels(labels)
+            self.book.set_digest(ls, d.step, d.value, d.tensors)
+        if x.waiting_for is not None:
+            if not self.scheduler.retry_later(unit):
+                self.health.error("compare", "%s: gave up waiting for %s", unit, x.waiting_for)
             return
-        self.scheduler.done_waiting(r.unit)
-        res = x.get("compare")
+        self.scheduler.done_waiting(unit)
+        res = x.compare
         if res is None:
             return
         if "csv_error" in res:
-            self.health.error("compare", "%s: %s", r.unit, res["csv_error"])
+            self.health.error("compare", "%s: %s", unit, res["csv_error"])
         for e in res.get("errors") or ():
             self.health.error("compare", "%s (%s): %s", e.get("path"), e.get("side"), e.get("reason"))
-        sample = compare_sample(res, labels, r.unit)
-        self.book.record_compare(make_labels(labels, mode=res.get("mode", "")), r.unit, res, sample is not None,
+        sample = compare_sample(res, labels, unit)
+        self.book.record_compare(make_labels(labels, mode=res.get("mode", "")), unit, res, sample is not None,
                                  time.time())
         if sample is not None:
             self.pipeline.process([sample])

@@ -8,11 +8,10 @@ JSON API and a CSV file: op names are unbounded, so only the first diverging op 
 
 from __future__ import annotations
 
-from ..model import Sample
+from ..model import DUMP_DIVERGENCE, Sample
 from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 
-DUMP_DIVERGENCE = "dump_divergence"
 
 
 class DumpDivergenceParams(Params):

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from .dump_divergence import DUMP_DIVERGENCE
-from ..model import DUMP_NONFINITE, Sample
+from ..model import DUMP_DIVERGENCE, DUMP_NONFINITE, Sample
 from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 

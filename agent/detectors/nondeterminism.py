@@ -7,10 +7,10 @@ evidence. Same shape of alert as ``dump_divergence``, fed by the rerun compariso
 
 from __future__ import annotations
 
+from ..model import DUMP_NONDETERMINISM
 from .base import Params
 from .dump_divergence import DumpDivergenceDetector
 
-DUMP_NONDETERMINISM = "dump_nondeterminism"
 
 
 class NondeterminismParams(Params):

@@ -68,6 +68,27 @@ def signature(unit: str) -> tuple[int, int, int] | None:
     return (n, size, newest) if n else None
 
 
+@dataclass(frozen=True, slots=True)
+class RankDigest:
+    """One rank's digest of the tensors a dump watch's ``digest:`` regex names, at one step."""
+
+    rank: int | None
+    step: int | None
+    value: int         # the first 48 bits (a Prometheus sample)
+    tensors: int
+
+
+@dataclass
+class AfterScan:
+    """The duties a dump watch asks for beyond the scan (compare/live.py), run on the scan thread:
+    the cross-rank digests, and the comparison with the benchmark run or rerun."""
+
+    digests: list[RankDigest] = field(default_factory=list)
+    compare: dict[str, Any] | None = None   # the comparison's JSON (the `compare --json` document)
+    waiting_for: str | None = None          # the other side's directory, not complete yet
+    error: str | None = None                # the duties failed (a bug): counted, the scan stands
+
+
 @dataclass
 class ScanResult:
     unit: str
@@ -77,7 +98,7 @@ class ScanResult:
     # result_samples(result, {}), made on the scan thread: the watchpoint samples read tensor
     # data (weight sketches), which must not hold up the daemon's main worker
     samples: list[Sample] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)   # what after_scan returned (comparison, digests)
+    after: AfterScan = field(default_factory=AfterScan)   # comparison and digests
 
 
 def labelled(samples: list[Sample], labels: dict[str, str]) -> list[Sample]:
@@ -176,7 +197,7 @@ def result_samples(result: dict[str, Any], labels: dict[str, str], source: str |
     return out
 
 
-AfterScan = Callable[[str], dict[str, Any]]
+AfterScanFn = Callable[[str], "AfterScan"]   # the watch's duties beyond the scan (compare/live.py)
 KeepCache = Callable[[str], bool]
 MAX_STUCK = 4  # stuck scan threads left behind before the queue waits for one of them
 RETRY_MAX, RETRY_GIVE_UP = 600.0, 86400.0  # waiting for a comparison's other side (from max(settle, 1s))
@@ -189,7 +210,7 @@ class DumpScheduler:
     (``retry_later``: its benchmark side was not complete yet)."""
 
     def __init__(self, settle: float, queue_size: int, scanned: dict[str, tuple[int, int, int]],
-                 after_scan: AfterScan | None = None, keep_cache: KeepCache | None = None,
+                 after_scan: AfterScanFn | None = None, keep_cache: KeepCache | None = None,
                  on_stall: Callable[[str], None] | None = None) -> None:
         self.settle = settle
         self.keep_cache = keep_cache    # unit -> keep its pages in the page cache (a comparison reads them)
@@ -326,7 +347,7 @@ class DumpScheduler:
 
     def _one(self, unit: str, sig: tuple[int, int, int] | None) -> None:
         if sig is None:
-            self.inbox.append(ScanResult(unit, None, None, extra=self._after(unit)))
+            self.inbox.append(ScanResult(unit, None, None, after=self._after(unit)))
             return
         try:
             keep = self.keep_cache is not None and self.keep_cache(unit)
@@ -337,16 +358,16 @@ class DumpScheduler:
         except Exception as exc:  # a reader bug must not kill the scan thread
             log.exception("scanning %s failed", unit)
             r = ScanResult(unit, sig, None, repr(exc))
-        r.extra = self._after(unit)
+        r.after = self._after(unit)
         self.inbox.append(r)
 
-    def _after(self, unit: str) -> dict[str, Any]:
+    def _after(self, unit: str) -> AfterScan:
         if self.after_scan is None:
-            return {}
+            return AfterScan()
         try:
             return self.after_scan(unit)
         except Cancelled:
             raise
         except Exception as exc:  # a comparison bug must not kill the scan thread either
             log.exception("comparing/digesting %s failed", unit)
-            return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            return AfterScan(error=f"{type(exc).__name__}: {exc}"[:500])

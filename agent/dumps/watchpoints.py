@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ..model import Sample, SourcePos, make_labels
+from ..model import DUMP_TENSOR, Sample, SourcePos, make_labels
 from .cann import parse_dump_name, read_cann_dump
 from .mindspore import parse_npy_name
 from .npy import read_npy
@@ -38,7 +38,6 @@ from .types import DumpError
 
 log = logging.getLogger(__name__)
 
-DUMP_TENSOR = "dump_tensor"       # metric of the per-tensor samples
 STEP_END = "step_end"             # attr ``event`` of the marker closing one (step, rank)
 ROLES = ("weight", "gradient", "activation")
 SKETCH_SIZE = 256                 # elements kept per weight for step-to-step comparison
