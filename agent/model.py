@@ -40,6 +40,15 @@ TRAINING_METRICS = (LOSS, EVAL_LOSS, GRAD_NORM, LOSS_SCALE, LEARNING_RATE)
 
 Labels = tuple[tuple[str, str], ...]
 
+# Rank copies of one message (every rank prints the same overflow line) carry log times this close;
+# records further apart are separate events, even when they look the same.
+DUP_WINDOW_S = 0.5
+
+
+def far_apart(a: float | None, b: float | None) -> bool:
+    """Two log times that belong to separate events (both known, further apart than DUP_WINDOW_S)."""
+    return a is not None and b is not None and abs(a - b) > DUP_WINDOW_S
+
 
 def make_labels(mapping: Mapping[str, str] | None = None, **extra: str) -> Labels:
     """Return a canonical (sorted, hashable) label tuple."""

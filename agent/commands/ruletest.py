@@ -301,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m precision_agent.commands.ruletest test FILE...``: the same as ``precision-agent rules test``."""
-    from .cli import main as cli_main  # one definition of the command line, in agent/cli.py
+    from .cli import main as cli_main  # one definition of the command line, in agent/commands/cli.py
     return cli_main(["rules", *(sys.argv[1:] if argv is None else argv)])
 
 

@@ -4,7 +4,7 @@ Every failure is a :class:`ConfigError` naming the file, whatever the text: inva
 UTF-8, larger than ``MAX_YAML_BYTES``, nested deeper than ``MAX_YAML_DEPTH`` (PyYAML's scanner is
 quadratic in flow nesting and its parser recursive), more than ``MAX_YAML_NODES`` values once
 aliases are expanded (an alias bomb of a few hundred bytes holds billions), or integers of
-thousands of digits. These limits were found by the fuzz suite (tests/test_fuzz.py).
+thousands of digits. These limits were found by the fuzz suite (tests/fuzzing/test_fuzz.py).
 """
 
 from __future__ import annotations

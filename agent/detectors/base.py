@@ -70,14 +70,14 @@ class Detector(abc.ABC, Generic[P]):
         nothing here."""
         return None
 
-    # -- memory that survives a restart (agent/memory.py) ----------------------------------------
+    # -- memory that survives a restart (agent/store/memory.py) ----------------------------------------
     # Most kinds keep their memory in PerSeries attributes, which are persisted generically. A
     # kind whose memory lives elsewhere overrides state()/restore() and sets ``memory_dirty``
     # whenever that memory may have changed.
     memory_dirty: bool = False
 
     def state(self) -> Any:
-        """Memory outside PerSeries as plain data (see agent/memory.py's codec); None: none."""
+        """Memory outside PerSeries as plain data (see agent/store/memory.py's codec); None: none."""
         return None
 
     def restore(self, data: Any) -> None:
@@ -93,7 +93,7 @@ class PerSeries(Generic[V]):
     A detector instance belongs to one rule and sees every series that rule matches; keeping
     its memory here stops a long-lived daemon from growing without bound. It also notes which
     series' memory may have changed (``get``/``peek`` hand out a mutable value) and which were
-    dropped, so the state store rewrites only those rows (agent/memory.py); the notes are
+    dropped, so the state store rewrites only those rows (agent/store/memory.py); the notes are
     bounded by the cap too: past it, ``reset`` asks for one full rewrite instead."""
 
     def __init__(self, factory: type[V] | Any, cap: int = 1000) -> None:

@@ -76,7 +76,7 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
                     return None  # the scaler said so and backed off: a skipped step, not a persisting fault
             t.n += 1
             if scaled and t.n < self.params.grad_norm_persist:
-                return None  # a skipped step of the scaler: an overflow event (agent/series.py)
+                return None  # a skipped step of the scaler: an overflow event (agent/series/state.py)
             return Hit(sample.labels + (("metric", GRAD_NORM),), f"grad_norm is {sample.value}", sample.value,
                        sample.step if sample.step is not None else series.last_step, sample.source,
                        {"metric": GRAD_NORM, "value": repr(sample.value), "reports_in_a_row": t.n,

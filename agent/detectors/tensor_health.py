@@ -119,7 +119,7 @@ class TensorKind(Detector[TensorParams]):
             return None
         return role
 
-    # -- memory across restarts (agent/memory.py): the open groups are not PerSeries records ------
+    # -- memory across restarts (agent/store/memory.py): the open groups are not PerSeries records ------
     def state(self) -> Any:
         return OrderedDict((labels, {k: getattr(g, k) for k in _Group.__slots__}) for labels, g in self._open.items())
 

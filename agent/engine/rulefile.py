@@ -145,10 +145,10 @@ def default_rules_dir() -> Path:
 
 @functools.cache
 def default_runbook_base() -> str:
-    """file:// URL of the runbooks: docs/runbooks of a source checkout (this module is
-    agent/rulefile.py there), else the installed copy (package data ``precision_agent.runbooks``)."""
-    here = Path(__file__).resolve().parent
-    return (here.parent / "docs" / "runbooks" if here.name == "agent" else here / "runbooks").as_uri()
+    """file:// URL of the runbooks: docs/runbooks of a source checkout (the package folder is
+    agent/ there), else the installed copy (package data ``precision_agent.runbooks``)."""
+    package = Path(__file__).resolve().parents[1]
+    return (package.parent / "docs" / "runbooks" if package.name == "agent" else package / "runbooks").as_uri()
 
 
 def rule_files(dirs: list[Path]) -> list[Path]:

@@ -12,8 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
-from ..model import Labels, Sample, SourcePos, SourcePosDraft, make_labels
-from ..series.state import far_apart
+from ..model import Labels, Sample, SourcePos, SourcePosDraft, far_apart, make_labels
 from .parsers import Block, CompositeParser
 from .parsers.base import strip_ansi
 from .tailer import LogTailer, TailPosition, TextBlock

@@ -31,9 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model import (GRAD_NORM, HINT_METRICS, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, OVERFLOW, PRECISION,
-                    SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, TRAINING_END, Labels, Sample)
+                    SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, TRAINING_END, Labels, Sample, far_apart)
 
-DUP_WINDOW_S = 0.5
 # records read this long after an end-of-training marker mean training went on (the last lines of
 # other ranks and handlers come right after it)
 FINISHED_GRACE_S = 60.0
@@ -446,7 +445,3 @@ def halvings(frm: float, to: float) -> int:
     if not (0 < to < frm) or not math.isfinite(frm):
         return 1
     return max(1, round(math.log2(frm / to)))
-
-
-def far_apart(a: float | None, b: float | None) -> bool:
-    return a is not None and b is not None and abs(a - b) > DUP_WINDOW_S

@@ -1,7 +1,7 @@
 """The state store: one SQLite file (stdlib, WAL) holding everything a restart must not lose.
 
 Tailer offsets, the scanned-file index, alert states, series summaries and the detectors' memory
-(agent/memory.py) are written in one transaction per processing batch, *after* the batch's samples went through the pipeline, so
+(agent/store/memory.py) are written in one transaction per processing batch, *after* the batch's samples went through the pipeline, so
 a restart resumes exactly where the last committed batch ended and does not re-page alerts.
 
 Schema changes are additive: tables are created when missing (``CREATE TABLE IF NOT EXISTS``), so a
@@ -158,7 +158,7 @@ class StateStore:
 
     def load_memory(self) -> list[tuple[str, str, str, str, str, int]]:
         """Detector memory rows (rule, slot, key, digest, data, seq), oldest first; their data is
-        decoded by agent/memory.py, which reports a bad row per rule."""
+        decoded by agent/store/memory.py, which reports a bad row per rule."""
         return self._decode("memory", "SELECT rule, slot, key, digest, data, seq FROM memory ORDER BY seq",
                             lambda r: (str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5])))
 

@@ -1,1 +1,1 @@
-"""Deterministic hostile-input generators and the runner behind tests/test_fuzz.py and bench/fuzz.py."""
+"""Deterministic hostile-input generators and the runner behind tests/fuzzing/test_fuzz.py and bench/fuzz.py."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-import dump_writers as W
+from support import dumps as W
 from precision_agent.dumps.protobuf import decode_dump_data
 from precision_agent.dumps.scan import scan_dump
 from precision_agent.dumps.schedule import result_samples

@@ -7,7 +7,7 @@ from .core import Target
 
 TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS, *dumps.TARGETS, *files.TARGETS)}
 
-# Cases per `make test` run (tests/test_fuzz.py), sized so the whole suite of them takes about a
+# Cases per `make test` run (tests/fuzzing/test_fuzz.py), sized so the whole suite of them takes about a
 # minute on two cores; "http" runs against the real daemon (tests/fuzzing/web.py).
 TEST_PLAN: dict[str, int] = {
     "log_lines": 2200, "hints": 800, "logstream": 800,

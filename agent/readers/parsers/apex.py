@@ -50,7 +50,7 @@ class ApexParser(Parser):
                 rec.add(LOSS_SCALE, to, decrease=True)
             elif m.group("npu"):
                 # held: every rank prints it, and the back-off message that follows says how many
-                # logical events the copies were (agent/series.py)
+                # logical events the copies were (agent/series/state.py)
                 rec.add(OVERFLOW, 1.0, variant="skip", held=True)
             else:
                 to = to_float(m.group("nto"))

@@ -1,0 +1,138 @@
+"""The optional C kernels: how they are chosen, that the agent says which run, and that a host
+without a C compiler still installs and runs on numpy."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from support.agent import AgentProcess
+from conftest import REPO
+from precision_agent import kernels
+from precision_agent.compare.metrics import compare_arrays
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def test_modes_pick_c_or_numpy(monkeypatch):
+    monkeypatch.delenv(kernels.ENV, raising=False)
+    assert kernels.mode() == "auto"
+    monkeypatch.setenv(kernels.ENV, "numpy")
+    assert kernels.get("scan") is None and kernels.get("compare") is None
+    assert kernels.active() == {"scan": "numpy", "compare": "numpy"}
+    with kernels.forced("auto"):  # a test's forced mode wins over the environment
+        assert kernels.mode() == "auto"
+        assert (kernels.get("scan") is not None) == kernels.fast("scan")
+    assert kernels.mode() == "numpy"  # restored
+    monkeypatch.setenv(kernels.ENV, " C ")
+    assert kernels.mode() == "c"
+    monkeypatch.setenv(kernels.ENV, "fast")
+    with pytest.raises(kernels.KernelError, match="PRECISION_AGENT_KERNELS='fast'"):
+        kernels.check()
+    with pytest.raises(kernels.KernelError):
+        with kernels.forced("fast"):
+            pass
+
+
+@pytest.mark.skipif(not IN_CI, reason="CI builds with a C compiler; elsewhere the kernels are optional")
+def test_ci_builds_both_kernels():
+    assert kernels.built("scan") and kernels.built("compare")
+
+
+def test_bad_mode_fails_every_command_at_start(tmp_path):
+    np.save(tmp_path / "t.npy", np.arange(4, dtype=np.float32))
+    env = {**os.environ, kernels.ENV: "gpu"}
+    for cmd in (["scan", str(tmp_path)], ["run", "--watch", str(tmp_path), "--state", str(tmp_path / "s")]):
+        p = subprocess.run([sys.executable, "-m", "precision_agent", *cmd], capture_output=True, text=True,
+                           timeout=60, env=env)
+        assert p.returncode == 2, (cmd, p.stdout, p.stderr)
+        assert "PRECISION_AGENT_KERNELS='gpu'" in p.stderr
+
+
+def test_agent_reports_its_kernels(tmp_path):
+    watch = tmp_path / "logs"
+    watch.mkdir()
+    agent = AgentProcess(watch, tmp_path / "state").start(env={kernels.ENV: "numpy"})
+    try:
+        status = json.loads(agent.get("/api/v1/status"))["data"]
+        assert status["kernels"] == {"scan": "numpy", "compare": "numpy"}
+        metrics = agent.get("/metrics")
+        assert 'precision_agent_kernel_info{impl="numpy",kind="scan"} 1.0' in metrics
+        assert 'precision_agent_kernel_info{impl="numpy",kind="compare"} 1.0' in metrics
+    finally:
+        agent.stop()
+
+
+def _install(target, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """pip install of a copy of the source files (no build/ directory or in-place .so from this
+    checkout, which setuptools would reuse instead of compiling)."""
+    src = target.parent / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.split("\n")
+    for f in filter(None, files):
+        if (REPO / f).is_file():
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, src / f)
+    return subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                           "--target", str(target), str(src)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})
+
+
+def _run_installed(target, code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=target.parent, env={**os.environ, "PYTHONPATH": str(target), **(env or {})})
+
+
+def test_install_without_a_compiler_runs_on_numpy(tmp_path):
+    """CC=false: every compile fails, the optional extensions are skipped, the install succeeds,
+    scans and compares run on numpy, and mode ``c`` refuses to start instead of falling back."""
+    target = tmp_path / "site"
+    p = _install(target, {"CC": "false", "LDSHARED": "false"})
+    assert p.returncode == 0, p.stderr
+    assert not list((target / "precision_agent").rglob("*.so"))
+    code = ("import numpy as np; from precision_agent import kernels;"
+            "from precision_agent.dumps.scanner import scan_array;"
+            "from precision_agent.compare.metrics import compare_arrays;"
+            "a = np.array([1, 2, np.nan, 0], np.float32);"
+            "s = scan_array(a); d = compare_arrays(a, a);"
+            "print(kernels.active(), s.nan, s.max, d.bitwise_equal)")
+    r = _run_installed(target, code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["{'scan':", "'numpy',", "'compare':", "'numpy'}", "1", "2.0", "True"]
+    r = _run_installed(target, "from precision_agent.commands.cli import main; raise SystemExit(main(['scan', '.']))",
+                       {kernels.ENV: "c"})
+    assert r.returncode == 2 and "is not built" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None and not IN_CI, reason="no C compiler")
+def test_plain_install_with_a_compiler_carries_the_kernels(tmp_path):
+    """Built without the intrinsics loops (the development install of this checkout covers
+    them): the portable loops only, the same compare result."""
+    target = tmp_path / "site"
+    p = _install(target, {"CFLAGS": "-DPRECISION_AGENT_NO_INTRINSICS"})
+    assert p.returncode == 0, p.stderr
+    assert list((target / "precision_agent" / "dumps").glob("_scanc*.so"))
+    assert list((target / "precision_agent" / "compare").glob("_comparec*.so"))
+    code = ("import numpy as np; from precision_agent import kernels; kernels.check();"
+            "from precision_agent.compare import _comparec as m;"
+            "from precision_agent.compare.metrics import compare_arrays;"
+            "x = np.arange(1, 5001, dtype=np.float32); y = x * np.float32(1.001);"
+            "print(kernels.active(), m.isas(), compare_arrays(x, y).metrics['KullbackLeiblerDivergence'])")
+    r = _run_installed(target, code, {kernels.ENV: "c"})
+    assert r.returncode == 0 and "'scan': 'c'" in r.stdout and "('portable',)" in r.stdout, r.stderr
+    x = np.arange(1, 5001, dtype=np.float32)
+    with kernels.forced("c"):
+        want = compare_arrays(x, x * np.float32(1.001)).metrics["KullbackLeiblerDivergence"]
+    assert float(r.stdout.split()[-1]) == pytest.approx(want, rel=1e-9)
+    # auto: loops that are not vectorised for this CPU (here: no AVX-512 loops built) leave the
+    # work to numpy, which is faster than them; "c" above still ran them
+    r = _run_installed(target, "from precision_agent import kernels; print(kernels.active())",
+                       {kernels.ENV: "auto"})
+    scan = "c" if kernels.fast("scan") else "numpy"
+    assert r.returncode == 0 and r.stdout.strip() == str({"scan": scan, "compare": "numpy"}), r.stderr
