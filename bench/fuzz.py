@@ -1,6 +1,6 @@
 """Fuzz: the test suite's hostile-input generators (tests/fuzzing/), run longer.
 
-Every target of ``tests/test_fuzz.py`` (each log parser's line shapes, the run-wide hints, the
+Every target of ``tests/fuzzing/test_fuzz.py`` (each log parser's line shapes, the run-wide hints, the
 reader, every dump reader and the protobuf decoder, rule / config / `rules test` files) gets
 ``scale`` times its ``make test`` number of cases (default 20: ~220,000 cases) under each of
 ``seeds`` seeds, within a time budget (default 10 minutes, shared by the targets in proportion to
@@ -32,7 +32,7 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 def _import() -> Any:
     if str(TESTS) not in sys.path:
         sys.path.insert(0, str(TESTS))
-    from fuzzing import core, mutate, targets, web  # tests/fuzzing: shared with tests/test_fuzz.py
+    from fuzzing import core, mutate, targets, web  # tests/fuzzing: shared with tests/fuzzing/test_fuzz.py
     return core, mutate, targets, web
 
 
