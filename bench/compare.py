@@ -47,7 +47,7 @@ def _best(fns: dict[str, Callable[[], Any]], repeat: int) -> tuple[dict[str, flo
 def op_table(a: np.ndarray, b: np.ndarray, block: int, repeat: int = 7) -> list[dict[str, Any]]:
     """CPU ns per element of each kind of pass a different block makes (in cache, one block),
     and how many of it one element pair costs in ``compare_arrays`` (see compare/blocks.py)."""
-    from precision_agent.compare.blocks import dot
+    from precision_agent.kernels.compare_numpy import dot
 
     m = min(block, a.size)
     xr, yr = np.ascontiguousarray(a[:m]), np.ascontiguousarray(b[:m])
@@ -123,7 +123,7 @@ def _in(path: str, fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def run(size_mib: int = 256, repeat: int = 3, block: int | None = None, ops: bool = False) -> dict[str, Any]:
-    from precision_agent.compare.blocks import drop_scratch
+    from precision_agent.kernels.compare_numpy import drop_scratch
     from precision_agent.compare.metrics import DEFAULT_BLOCK, compare_arrays
 
     block = block or DEFAULT_BLOCK

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from precision_agent import kernels
-from precision_agent.dumps import scan_c
-from precision_agent.dumps.scan_kernels import Acc, Scratch
+from precision_agent.kernels import scan_c
+from precision_agent.kernels.scan_numpy import Acc, Scratch
 from precision_agent.dumps.scanner import FP16_MAX, scan_array
 from test_scanner import F32_TOL, F64_TOL, check, reference
 

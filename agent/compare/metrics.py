@@ -67,10 +67,10 @@ import numpy as np
 
 from .. import kernels
 from ..model import TensorStats
-from . import blocks_c
-from .blocks import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Side, general_block, pairs, same_bytes,
+from ..kernels import compare_c as blocks_c
+from ..kernels.compare_numpy import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Side, general_block, pairs, same_bytes,
                      scratch)
-from .blocks_c import identical_block, revisit_identical
+from ..kernels.compare_c import identical_block, revisit_identical
 
 __all__ = ["BOOL_METRICS", "DEFAULT_BLOCK", "EPS", "EPS32", "METRIC_NAMES", "RATIO_NAMES",
            "RATIO_THRESHOLDS", "REASON_EMPTY", "REASON_NONFINITE", "REASON_SCALAR", "REASON_ZERO_X",

@@ -57,8 +57,8 @@ import numpy as np
 
 from .. import kernels
 from ..model import TensorStats
-from . import scan_c
-from .scan_kernels import FP16_MAX, ROW, Acc, Scratch, block_fn
+from ..kernels import scan_c
+from ..kernels.scan_numpy import FP16_MAX, ROW, Acc, Scratch, block_fn
 
 __all__ = ["DEFAULT_BLOCK", "FP16_MAX", "ROW", "kernel_for", "scan_array", "scan_file_npy", "stats_of"]
 

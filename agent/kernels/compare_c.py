@@ -23,7 +23,7 @@ import numpy as np
 
 from ..safeio import mapped_pages
 
-from .blocks import (Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, general_block, pairs,
+from .compare_numpy import (Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, general_block, pairs,
                      same_bytes)
 
 F32, F16, BF16 = 0, 1, 2
@@ -212,7 +212,7 @@ def takes_whole(mod: ModuleType | None, kx: int | None, ky: int | None) -> bool:
     with AVX-512, 2.45 → 1.17 ns per fp16 pair, 1.37 per bf16 pair)."""
     if mod is None or kx is None or ky is None:
         return False
-    return kx == ky == F32 or mod.isa() in ("avx512", "avx2")
+    return kx == ky == F32 or mod.variant() in ("avx512", "avx2")
 
 
 def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, acc: Acc,

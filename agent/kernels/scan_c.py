@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .scan_kernels import Acc, Scratch
+from .scan_numpy import Acc, Scratch
 
 BlockFn = Callable[[np.ndarray, Acc, Scratch], None]
 
