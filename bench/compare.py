@@ -5,7 +5,7 @@ Two pairs: *identical* (a rerun that reproduced bit for bit: the bitwise fast pa
 *different* (every element off by ~1e-3 relative: every metric and KLD, which needs both sides'
 ranges: numpy and the kernel on halves take a min/max pre-pass first, the kernel on fp32 finds
 them in its pass 1 and re-reads for KLD's terms in pass 2); then the different pair as fp16 and as bfloat16 (NPU dumps' usual dtypes). Every compare
-runs on the compiled kernel (agent/compare/_comparec.c, when built) and on the numpy kernels,
+runs on the compiled kernel (agent/kernels/compare.c, when built) and on the numpy kernels,
 interleaved in the same rounds, so the two paths are compared under the same load. Each round
 times the sum, then the compares, so they share the host's conditions; best of N by wall time
 and, separately, by CPU time of this process (steadier on a shared host, where another job can
@@ -89,36 +89,29 @@ def op_table(a: np.ndarray, b: np.ndarray, block: int, repeat: int = 7) -> list[
 
 
 def _paths() -> list[str]:
-    """The kernels to time, the default first: "c" (the loops this CPU picks), then each other
-    set of loops it can run ("c-avx2", "c-portable": what hosts without AVX-512 run), "numpy"."""
+    """The kernels to time, the default first: "c" (the variant this CPU picks), then each other
+    variant it can run ("c-avx2", "c-baseline": what hosts without AVX-512 run), "numpy"."""
     from precision_agent import kernels
     if not kernels.built("compare"):
         return ["numpy"]
-    isas = kernels._import("compare").isas()
-    return ["c", *(f"c-{isa}" for isa in isas[1:]), "numpy"]
+    return ["c", *(f"c-{v}" for v in kernels.variants() if v != kernels.variant("compare")), "numpy"]
 
 
 def _isa() -> str | None:
     from precision_agent import kernels
-    return kernels._import("compare").isa() if kernels.built("compare") else None
+    return kernels.variant("compare")
 
 
 def _in(path: str, fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` run with the block kernels of ``path`` (see :func:`_paths`)."""
+    import contextlib
+
     from precision_agent import kernels
-    mode, _, isa = path.partition("-")
+    mode, _, variant = path.partition("-")
 
     def call() -> Any:
-        with kernels.forced(mode):
-            if not isa:
-                return fn()
-            mod = kernels._import("compare")
-            before = mod.isa()
-            mod.set_isa(isa)
-            try:
-                return fn()
-            finally:
-                mod.set_isa(before)
+        with kernels.forced(mode), (kernels.forced_variant(variant) if variant else contextlib.nullcontext()):
+            return fn()
     return call
 
 
@@ -192,7 +185,7 @@ def report(res: dict[str, Any]) -> str:
     lines = [
         f"compare: two {p['size_mib']} MiB fp32 arrays, block {p['block_elems']} elements, best of {p['repeat']}, "
         f"kernels {'/'.join(p.get('kernels', ['numpy']))} (the first is the default, reported first; "
-        f"c runs {p.get('isa', 'the portable')} loops)",
+        f"c runs its {p.get('isa')} variant)",
         f"  a.sum() + b.sum() {res['sum_s']:.3f} s ({res['sum_gb_per_s']:.1f} GB/s over both, "
         f"{ns['sum']:.2f} ns per element pair)",
         f"  identical pair (bitwise fast path): {res['identical_s']:.3f} s ({ns['identical']:.2f} ns/pair), "

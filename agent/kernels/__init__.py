@@ -10,7 +10,7 @@ and runs with numpy. Each C source is compiled once per variant (vector width an
 set: AVX-512, AVX2, baseline SSE2 on x86-64; NEON on aarch64) and the module picks the best
 variant the CPU runs when it is imported. ``PRECISION_AGENT_KERNELS`` picks the implementation:
 
-* ``auto`` (default): C where built and its variant is vectorised for this CPU (``VECTORISED``),
+* ``auto`` (default): C where built and its variant is one of ``VECTORISED`` (today all of them),
   numpy otherwise; decided once per process;
 * ``numpy``: numpy even where C is built (to rule the kernels out when chasing a number);
 * ``c``: C or fail at start, for hosts that must not fall back silently.
@@ -30,9 +30,9 @@ from typing import Iterator
 ENV = "PRECISION_AGENT_KERNELS"
 MODES = ("auto", "c", "numpy")
 MODULES = {"scan": "precision_agent.kernels._scan", "compare": "precision_agent.kernels._compare"}
-# the variants whose loops compile to vector code of the unit's own width (docs/kernels.md): the
-# baseline x86-64 build (SSE2, CPUs older than 2013) is not among them
-VECTORISED = ("avx512", "avx2", "neon")
+# the variants auto takes: every one whose loops were measured faster than numpy (bench/README.md;
+# aarch64's by its vector code, docs/kernels.md): all that setup.py builds today
+VECTORISED = ("avx512", "avx2", "baseline", "neon")
 
 _forced: str | None = None
 _cache: dict[str, ModuleType | None] = {}
