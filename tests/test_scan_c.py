@@ -251,7 +251,8 @@ def test_every_variant_gives_the_same_bits():
             if special is not None:
                 v[n // 2] = special
             for kind in KINDS:
-                a = as_kind(v, kind)
+                with np.errstate(over="ignore"):
+                    a = as_kind(v, kind)
                 fn = getattr(MOD, kind)
                 got = {}
                 for name in names:
