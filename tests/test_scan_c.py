@@ -18,7 +18,7 @@ from precision_agent.dumps.scanner import FP16_MAX, scan_array
 from test_scanner import F32_TOL, F64_TOL, check, reference
 
 if not kernels.built("scan"):
-    assert os.environ.get("CI") != "true", "CI builds the scan kernel: precision_agent.dumps._scanc must import"
+    assert os.environ.get("CI") != "true", "CI builds the scan kernel: precision_agent.kernels._scan must import"
     pytest.skip("the C scan kernel is not built here (no compiler at install)", allow_module_level=True)
 
 MOD = kernels._import("scan")

@@ -536,7 +536,7 @@ static PyObject *py_same(PyObject *self, PyObject *args) {
 }
 
 /* -- every block of a tensor in one call ---------------------------------------------------------
- * The two passes of blocks_c.two_pass over whole tensors (C-contiguous, aligned): the same
+ * The two passes of compare_c.two_pass over whole tensors (C-contiguous, aligned): the same
  * kernels as block(), same() and terms(), block after block, the GIL released for each, with
  * the per-block bookkeeping in C rather than ~10 µs of Python per block. */
 static PyObject *block_tuple(const Sums *s, Py_ssize_t mi, Py_ssize_t fd) {
