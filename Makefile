@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench clean
 
-$(BIN)/.installed: pyproject.toml setup.py $(wildcard agent/*/*.c agent/*/*.h)
+$(BIN)/.installed: pyproject.toml setup.py $(wildcard agent/kernels/*.c agent/kernels/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[test]'

@@ -8,12 +8,14 @@ isnan/isinf/min/max/mean sequence is reported for context. Everything is measure
 the scanner with one thread (the agent's default, the headline) and with ``--threads`` workers,
 each best of N with all measurements interleaved. The headline runs the kernel that
 ``PRECISION_AGENT_KERNELS=auto`` picks ("c" where the C kernel is built, else "numpy"); the
-numpy kernels are measured beside it in the same rounds, with their own ratios.
+numpy kernels, and each other variant of the C loops the CPU runs (forced), are measured beside
+it in the same rounds, with their own ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -156,12 +158,17 @@ def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int 
     with kernels.forced("auto"):
         kernel = kernels.active()["scan"]
 
+    # the other variants of the C loops this CPU runs (what hosts without AVX-512 run), forced
+    others = [v for v in kernels.variants() if v != kernels.variant("scan")]
+
     def scan(x: np.ndarray, t: int, mode: str, **kw: Any) -> Any:
-        with kernels.forced(mode):
+        mode, _, variant = mode.partition("-")
+        with kernels.forced(mode), (kernels.forced_variant(variant) if variant else contextlib.nullcontext()):
             return scan_array(x, block_elems=block, threads=t, **kw)
 
     fns: dict[str, Any] = {"sum": lambda: a.sum()}
-    for suffix, t, mode in (("", 1, "auto"), ("_par", par, "auto"), ("_np", 1, "numpy")):
+    for suffix, t, mode in (("", 1, "auto"), ("_par", par, "auto"), ("_np", 1, "numpy"),
+                            *((f"_{v}", 1, f"c-{v}") for v in others)):
         if suffix == "_np" and kernel == "numpy":
             continue  # the headline is the numpy path already
         fns["f32" + suffix] = lambda t=t, m=mode: scan(a, t, m)
@@ -208,6 +215,8 @@ def run(size_mib: int = 1024, file_mib: int = 4096, repeat: int = 5, block: int 
         "numpy_path": {"scan_f32_s": wall["f32" + np_suffix], "scan_f16_s": wall["f16" + np_suffix],
                        "scan_bf16_s": wall["bf16" + np_suffix], "ratios": _ratios(wall, n, np_suffix),
                        "cpu_ratios": _ratios(cpu, n, np_suffix)},
+        # each other variant of the C loops, forced, in the same rounds
+        "variants": {"default": kernels.variant("scan"), **{v: _ratios(wall, n, f"_{v}") for v in others}},
         "cpu_time": {"sum_s": cpu["sum"], "scan_f32_s": cpu["f32"], "scan_f16_s": cpu["f16"],
                      "scan_bf16_s": cpu["bf16"], "ratios": _ratios(cpu, n)},
     }
@@ -232,6 +241,9 @@ def report(res: dict[str, Any]) -> str:
         line("fp32 scan / a.sum() throughput", "f32_to_sum", GOAL_F32_RATIO),
         line("fp16 bytes/s / fp32 a.sum() bytes/s", "f16_bytes_to_sum", GOAL_HALF_BYTES_RATIO),
         line("bf16 bytes/s / fp32 a.sum() bytes/s", "bf16_bytes_to_sum", GOAL_HALF_BYTES_RATIO),
+        *(f"  C variant {v} forced: fp32 {vr['f32_to_sum']:.3f}, fp16 bytes {vr['f16_bytes_to_sum']:.3f}, "
+          f"bf16 bytes {vr['bf16_bytes_to_sum']:.3f} (default variant: {res['variants']['default']})"
+          for v, vr in res.get("variants", {}).items() if v != "default"),
         f"  scan_file_npy of a {p['file_bytes'] / 1e9:.2f} GB .npy in a subprocess: {res['file_scan_s']:.2f} s, "
         f"peak RSS {common.ratio_text(res['peak_rss_mb'], GOAL_PEAK_RSS_MB, ' MB')}",
         *(f"  precision-agent scan of the {what} {p['file_bytes'] / 1e9:.2f} GB .npy: {c['scan_s']:.2f} s, "

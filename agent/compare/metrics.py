@@ -1,13 +1,13 @@
 """How far one tensor is from its benchmark: msaccucmp's metric columns, msprobe's error ratios
 and bitwise equality, in one chunked pass; when some block differs, a min/max pre-pass over the
 raw data comes first (KLD normalises by each side's range), so a differing pair reads its data
-twice and an identical pair once. The block kernels and their costs are in :mod:`.blocks`;
-where the optional C kernel is built (``_comparec.c``, glue in :mod:`.blocks_c`), a float32,
+twice and an identical pair once. The block kernels and their costs are in :mod:`..kernels.compare_numpy`;
+where the optional C kernel is built (``kernels/compare.c``, glue in :mod:`..kernels.compare_c`), a float32,
 float16 or bfloat16 block takes one pass of it instead of ~30 numpy calls, with the same
 results within the tests' tolerances (``PRECISION_AGENT_KERNELS=numpy`` keeps numpy). A float32
-pair (any kernel pair where its AVX-512 loops run) has no pre-pass: pass 1 finds the ranges
+pair (any kernel pair where its AVX-512 or AVX2 variant runs) has no pre-pass: pass 1 finds the ranges
 along with every other metric, and pass 2 re-reads the differing blocks for KLD's terms only
-(``blocks_c.two_pass``); a block holding NaN/Inf takes numpy's path alone.
+(``compare_c.two_pass``); a block holding NaN/Inf takes numpy's path alone.
 
 Definitions (x = target / "my" / NPU side, y = bench / golden side; N = number of elements)
 --------------------------------------------------------------------------------------------
@@ -67,10 +67,10 @@ import numpy as np
 
 from .. import kernels
 from ..model import TensorStats
-from . import blocks_c
-from .blocks import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Side, general_block, pairs, same_bytes,
+from ..kernels import compare_c as blocks_c
+from ..kernels.compare_numpy import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Side, general_block, pairs, same_bytes,
                      scratch)
-from .blocks_c import identical_block, revisit_identical
+from ..kernels.compare_c import identical_block, revisit_identical
 
 __all__ = ["BOOL_METRICS", "DEFAULT_BLOCK", "EPS", "EPS32", "METRIC_NAMES", "RATIO_NAMES",
            "RATIO_THRESHOLDS", "REASON_EMPTY", "REASON_NONFINITE", "REASON_SCALAR", "REASON_ZERO_X",

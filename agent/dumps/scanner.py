@@ -29,17 +29,17 @@ Statistics semantics
   placing the word in the high half of a uint32 viewed as float32.
 
 Speed (bench/scan.py): two interchangeable block kernels give the same statistics (within the
-tolerances above); ``kernels.get("scan")`` picks per ``scan_array`` call (agent/kernels.py,
+tolerances above); ``kernels.get("scan")`` picks per ``scan_array`` call (agent/kernels/,
 ``PRECISION_AGENT_KERNELS``).
 
-* C (``_scanc.c``, built where a compiler was at install): one pass per block over float32,
+* C (``kernels/scan.c``, built where a compiler was at install): one pass per block over float32,
   float64, float16 and bfloat16 (raw words) in vector lanes: min, max, zeros, sums. A NaN/Inf
   shows in the block's sum (float16 NaN/Inf words in its min/max), and only then, or when a
   float32-range block leaves the safe range, a careful float64 loop rescans the block and
   counts them. It runs at about memory speed for float32/float64 and releases the GIL
   (``threads`` workers run at once). Blocks it declines (misaligned, strided, non-native
   order) and integer/bool tensors take the numpy kernels.
-* numpy (``scan_kernels.py``): an all-finite block is recognised from its min and max (NaN
+* numpy (``kernels/scan_numpy.py``): an all-finite block is recognised from its min and max (NaN
   propagates through both, ±Inf shows in them), so NaN/Inf counting runs only on blocks that
   hold some. float16/bfloat16 blocks get min, max, the NaN/Inf check and whether ±0 occur from
   integer reductions on the raw words (their bit patterns order like sign-magnitude integers);
@@ -57,8 +57,8 @@ import numpy as np
 
 from .. import kernels
 from ..model import TensorStats
-from . import scan_c
-from .scan_kernels import FP16_MAX, ROW, Acc, Scratch, block_fn
+from ..kernels import scan_c
+from ..kernels.scan_numpy import FP16_MAX, ROW, Acc, Scratch, block_fn
 
 __all__ = ["DEFAULT_BLOCK", "FP16_MAX", "ROW", "kernel_for", "scan_array", "scan_file_npy", "stats_of"]
 

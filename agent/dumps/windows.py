@@ -31,7 +31,7 @@ import numpy as np
 from ..health import beat
 from ..model import TensorStats
 from ..safeio import open_regular_file
-from .scan_kernels import ROW, Acc
+from ..kernels.scan_numpy import ROW, Acc
 from .scanner import DEFAULT_BLOCK, _ranges, _run, kernel_for, stats_of
 from .types import DumpError, FileRegion, ZipRegion
 

@@ -4,6 +4,7 @@ blocks or shortcuts; property-based over dtypes, shapes, NaN/Inf, zeros, subnorm
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tracemalloc
@@ -22,27 +23,21 @@ from precision_agent.model import TensorStats
 EPS = np.finfo(float).eps
 
 
-@pytest.fixture(autouse=True, params=["numpy", "c", "c-avx2", "c-portable"])
+@pytest.fixture(autouse=True, params=["numpy", "c", "c-avx2", "c-baseline"])
 def kernel_mode(request):
     """Every test here runs on every block kernel: numpy's and the compiled one (which must be
-    built in CI), the latter with the loops this CPU picks and, where that is AVX-512, once more
-    on the portable loops that other CPUs run."""
-    mode, _, isa = request.param.partition("-")
+    built in CI), the latter with the variant this CPU picks and, where it has them, once more on
+    the AVX2 and baseline variants that other CPUs run."""
+    mode, _, variant = request.param.partition("-")
     if mode == "c" and not kernels.built("compare"):
         assert os.environ.get("CI") != "true", "the C compare kernel must be built in CI"
         pytest.skip("C compare kernel not built")
-    cmod = kernels._import("compare") if mode == "c" else None
-    if isa and (cmod.isa() == isa or isa not in cmod.isas()):
-        pytest.skip(f"the {isa} loops are what this CPU runs anyway (the 'c' case), or it has none")
-    before = cmod.isa() if cmod is not None else None
-    if isa:
-        cmod.set_isa(isa)
-    try:
-        with kernels.forced(mode):
-            yield request.param
-    finally:
-        if cmod is not None:
-            cmod.set_isa(before)
+    if variant and (kernels.variant("compare") == variant or variant not in kernels.variants()):
+        pytest.skip(f"the {variant} loops are what this CPU runs anyway (the 'c' case), or it has none")
+    with kernels.forced(mode), (kernels.forced_variant(variant) if variant else contextlib.nullcontext()):
+        yield request.param
+
+
 EPS32 = float(np.finfo(np.float32).eps)
 ALL = METRIC_NAMES + RATIO_NAMES
 
@@ -483,7 +478,7 @@ def test_kept_buffers_carry_nothing_between_compares():
     sizes and dtypes (bfloat16, float64, half) gives exactly what it gives on fresh buffers,
     and threads comparing at once each get their own."""
     import threading
-    from precision_agent.compare.blocks import drop_scratch
+    from precision_agent.kernels.compare_numpy import drop_scratch
     x, y = _noisy(50_000, 18)
     words = (y.view(np.uint32) >> 16).astype(np.uint16)
     jobs = [((x, y), {}), ((x[:7], y[:7]), {}), ((x.astype(np.float64), y), {}),
@@ -515,7 +510,7 @@ def test_kept_buffers_carry_nothing_between_compares():
 def test_16_bit_float_range_from_words_covers_every_word(kind):
     """The pre-pass ranks half/bfloat16 words as int16 keys: over all 65536 words, in blocks,
     its extremes equal the float ones (NaN/Inf blocks: zeroed, like pass 1)."""
-    from precision_agent.compare.blocks import Scratch, Side, _block_range
+    from precision_agent.kernels.compare_numpy import Scratch, Side, _block_range
     words = np.random.default_rng(17).permutation(np.arange(65536, dtype=np.uint32)).astype(np.uint16)
     side = Side(words, "bfloat16") if kind == "bfloat16" else Side(words.view(np.float16), None)
     values = f32_values(words, "bfloat16") if kind == "bfloat16" else words.view(np.float16).astype(np.float64)
@@ -533,7 +528,7 @@ def test_16_bit_float_range_from_words_covers_every_word(kind):
 @pytest.mark.parametrize("n", [0, 1, 8191, 8192, 8193, 3 * 8192 + 7])
 @pytest.mark.parametrize("rows", ["vecdot", "loop"])
 def test_float64_dot_in_rows_is_the_exact_sum(n, rows, monkeypatch):
-    from precision_agent.compare import blocks   # rows of 8192 through BLAS, then the rest
+    from precision_agent.kernels import compare_numpy as blocks   # rows of 8192 through BLAS, then the rest
     if rows == "loop":                            # what numpy < 2.0 (no vecdot) runs
         monkeypatch.setattr(blocks, "_rowdot", blocks._rowdot_loop)
     rng = np.random.default_rng(n)

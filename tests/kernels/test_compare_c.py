@@ -1,4 +1,4 @@
-"""The compiled compare kernel (agent/compare/_comparec.c) against the numpy path it replaces:
+"""The compiled compare kernel (agent/kernels/compare.c) against the numpy path it replaces:
 the same results on realistic and hostile blocks, refusal (never a crash) of buffers it cannot
 read, and its log(p/q) against libm. test_compare_metrics.py runs every property test on both."""
 
@@ -27,18 +27,14 @@ def cmod_any():
     return kernels._import("compare")
 
 
-@pytest.fixture(params=["avx512", "avx2", "portable"])
+@pytest.fixture(params=["avx512", "avx2", "baseline", "neon"])
 def cmod(request, cmod_any):
-    """The kernel, once on each set of loops this CPU can run (AVX-512, AVX2 where it has them;
-    the portable GNU C vector loops everywhere)."""
-    if request.param not in cmod_any.isas():
-        pytest.skip(f"this CPU or build has no {request.param} loops")
-    before = cmod_any.isa()
-    cmod_any.set_isa(request.param)
-    try:
+    """The kernel, once on each variant of its loops this CPU can run (AVX-512, AVX2 where it
+    has them; the baseline build everywhere: SSE2 on x86-64, NEON on aarch64)."""
+    if request.param not in cmod_any.variants():
+        pytest.skip(f"this CPU or build has no {request.param} variant")
+    with kernels.forced_variant(request.param):
         yield cmod_any
-    finally:
-        cmod_any.set_isa(before)
 
 
 def both(*args, **kw):
@@ -250,8 +246,7 @@ def _whole_terms(t: tuple) -> tuple[float, float, float]:
 
 @pytest.mark.parametrize("n", [1, 7, 520, 4096 + 5, 40_003])
 def test_kld_terms_pass_matches_the_one_pass_block(cmod, n):
-    """Pass 2's kernel (terms) gives the one-pass block's KLD partials (bit for bit on the
-    portable loops), with far
+    """Pass 2's kernel (terms) gives the one-pass block's KLD partials bit for bit, with far
     terms (|w| beyond the series) in one chunk, in the tail, and in more chunks than it records;
     pass 1's ranges are the blocks' min and max."""
     x, y = _pair(n, 11)
@@ -264,18 +259,14 @@ def test_kld_terms_pass_matches_the_one_pass_block(cmod, n):
             sh, sc = (lo_v, 1 / (hi - lo_v + 1)) if clamps else (lo_v - 1, 1 / (hi - lo_v + 2))
             p = (sh, sc, sh, sc, clamps)   # not clamps: every p, q >= 1/(hi - lo + 2)
             one = cmod.block(x, v, 0, 0, True, 0.0, p)
-            if cmod.isa() == "portable":
-                assert cmod.terms(x, v, 0, 0, p) == one[15:21]
-            else:   # AVX-512/AVX2 pass 2: the same terms, its own rounding and near/far split
-                assert _whole_terms(cmod.terms(x, v, 0, 0, p)) == pytest.approx(
-                    _whole_terms(one[15:21]), rel=1e-9)
+            assert cmod.terms(x, v, 0, 0, p) == one[15:21]
             assert cmod.block(x, v, 0, 0, True, 0.0, None)[21:] == (
                 float(x.min()), float(x.max()), float(v.min()), float(v.max()))
 
 
 def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
     """A float32 pair's KLD comes from pass 2 (terms), once per differing block; a float16 pair
-    keeps the pre-pass flow on the portable loops; a block holding NaN goes to numpy alone."""
+    keeps the pre-pass flow on the baseline variant; a block holding NaN goes to numpy alone."""
     calls = []
     real, real_blocks = cmod.terms, cmod.terms_blocks
 
@@ -300,7 +291,7 @@ def test_float32_pairs_take_two_passes_and_halves_one(cmod, monkeypatch):
         compare_arrays(x.astype(np.float16), y.astype(np.float16), block_elems=1024)
         # AVX-512/AVX2: halves take two passes too (8 differing blocks; the identical ones need
         # no terms where both sides' ranges round to the same float16 values)
-        assert len(calls) >= 8 if cmod.isa() != "portable" else not calls
+        assert len(calls) >= 8 if cmod.variant() in ("avx512", "avx2") else not calls
         calls.clear()
         assert x[5000] != y[5000]
         x[5000] = y[5000] = np.nan   # now an equal pair, in a block numpy takes; the rest stay
@@ -335,62 +326,44 @@ def _words(rng, n: int, kind: int, base=None) -> np.ndarray:
     return (f.view(np.uint32) >> 16).astype(np.uint16) if kind == 2 else f
 
 
-def test_avx512_loops_agree_with_the_portable_ones(cmod_any):
-    """Pass 1 (block, kld=None) gives the portable loop's bits except Σ(x − y)², which is fused
-    there (one rounding less); pass 2's terms (another formulation) agree within 1e-9. Every
-    pair of kinds, tails of every length, zeros and subnormal-sized values in the bench."""
-    if "avx512" not in cmod_any.isas():
-        pytest.skip("this CPU or build has no AVX-512 loops")
+def test_every_variant_gives_the_same_bits(cmod_any):
+    """The loops are one source compiled per variant (vector width a parameter): pass 1 (block,
+    with and without KLD's terms) and pass 2 (terms) give the same bits on every variant this
+    CPU runs. Every pair of kinds, tails of every length, zeros and subnormal-sized values."""
+    names = cmod_any.variants()
+    if len(names) < 2:
+        pytest.skip("this CPU or build has one variant only")
     rng = np.random.default_rng(21)
-    before = cmod_any.isa()
     checked = 0
-    try:
-        for _ in range(400):
-            n = int(rng.integers(1, 700))
-            kx, ky = int(rng.integers(0, 3)), int(rng.integers(0, 3))
-            x = _words(rng, n, kx)
-            xf = (x.astype(np.uint32) << 16).view(np.float32) if kx == 2 else x.astype(np.float32)
-            if not np.isfinite(xf).all():
-                continue
-            y = _words(rng, n, ky, xf.astype(np.float64) if rng.random() < 0.8 else None)
-            got = {}
-            for isa in cmod_any.isas():
-                cmod_any.set_isa(isa)
-                got[isa] = cmod_any.block(x, y, kx, ky, True, 0.0, None)
-            a, p = got["avx512"], got["portable"]
-            if "avx2" in got:   # the same operations lane by lane: the same bits
-                assert repr(got["avx2"]) == repr(a)
-            assert (a is None) == (p is None)
-            if a is None:
-                continue
-            assert a[5] == pytest.approx(p[5], rel=1e-13)
-            assert a[:5] + a[6:] == p[:5] + p[6:]
+    for _ in range(400):
+        n = int(rng.integers(1, 700))
+        kx, ky = int(rng.integers(0, 3)), int(rng.integers(0, 3))
+        x = _words(rng, n, kx)
+        xf = (x.astype(np.uint32) << 16).view(np.float32) if kx == 2 else x.astype(np.float32)
+        if not np.isfinite(xf).all():
+            continue
+        y = _words(rng, n, ky, xf.astype(np.float64) if rng.random() < 0.8 else None)
+        got = {}
+        for v in names:
+            with kernels.forced_variant(v):
+                got[v] = [cmod_any.block(x, y, kx, ky, True, 0.0, None), cmod_any.range(x, kx)]
+        p = got[names[0]][0]
+        if p is not None and p[22] > p[21] and p[24] > p[23]:
             lx, hx, ly, hy = p[21:]
-            if not (hx > lx and hy > ly):
-                continue
-            par = (lx - (hx - lx), 1 / (2 * (hx - lx)), ly - (hy - ly), 1 / (2 * (hy - ly)), False)
-            for clamps in (False, True):
-                if clamps:   # the minimum of each side reaches the clamp
-                    par = (lx, 1 / (hx - lx), ly, 1 / (hy - ly), True)
-                for isa in cmod_any.isas():
-                    cmod_any.set_isa(isa)
-                    t = cmod_any.terms(x, y, kx, ky, par, True)
-                    if isa == "avx2":
-                        assert repr(t) == repr(t512)
-                    if isa == "avx512":
-                        t512 = t
-                    got[isa] = _whole_terms(t)
-                for u, v in zip(got["avx512"], got["portable"]):
-                    assert u == pytest.approx(v, rel=1e-9, abs=1e-12 * max(1.0, got["portable"][0]))
+            for par in ((lx - (hx - lx), 1 / (2 * (hx - lx)), ly - (hy - ly), 1 / (2 * (hy - ly)), False),
+                        (lx, 1 / (hx - lx), ly, 1 / (hy - ly), True)):   # the second: clamps
+                for v in names:
+                    with kernels.forced_variant(v):
+                        got[v] += [cmod_any.terms(x, y, kx, ky, par), cmod_any.block(x, y, kx, ky, True, 0.0, par)]
             checked += 1
-    finally:
-        cmod_any.set_isa(before)
+        for v in names[1:]:
+            assert repr(got[v]) == repr(got[names[0]]), (v, n, kx, ky)
     assert checked > 200
 
 
-def test_ranges_keep_the_sign_of_zero_as_the_portable_loop_does(cmod):
-    """-0.0 and 0.0 tie; the first one met is kept on both sets of loops (the ranges feed
-    KLD's shift, and the loops promise the same bits there)."""
+def test_ranges_keep_the_sign_of_zero_on_every_variant(cmod):
+    """-0.0 and 0.0 tie; the first one met is kept on every variant (the ranges feed KLD's
+    shift, and the variants promise the same bits there)."""
     x = np.zeros(16, np.float32)
     x[8] = -0.0
     y = np.ones(16, np.float32)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from precision_agent import kernels
-from precision_agent.dumps import scan_c
-from precision_agent.dumps.scan_kernels import Acc, Scratch
+from precision_agent.kernels import scan_c
+from precision_agent.kernels.scan_numpy import Acc, Scratch
 from precision_agent.dumps.scanner import FP16_MAX, scan_array
 from test_scanner import F32_TOL, F64_TOL, check, reference
 
 if not kernels.built("scan"):
-    assert os.environ.get("CI") != "true", "CI builds the scan kernel: precision_agent.dumps._scanc must import"
+    assert os.environ.get("CI") != "true", "CI builds the scan kernel: precision_agent.kernels._scan must import"
     pytest.skip("the C scan kernel is not built here (no compiler at install)", allow_module_level=True)
 
 MOD = kernels._import("scan")
@@ -233,3 +233,31 @@ def test_float64_abs_sum_overflows_like_a_reference():
         with kernels.forced(mode):
             s = scan_array(a)
         assert s.mean == pytest.approx(0.2) and s.abs_mean == np.inf and s.nan == 0
+
+
+def test_every_variant_gives_the_same_bits():
+    """The loops are one source compiled per variant (vector width a parameter): every variant
+    this CPU runs folds a block into the same state, bit for bit, on both the fast and the
+    careful loop (NaN/Inf, out-of-range magnitudes), for lengths around every step."""
+    names = MOD.variants()
+    if len(names) < 2:
+        pytest.skip("this CPU or build has one variant only")
+    rng = np.random.default_rng(5)
+    for n in (1, 15, 31, 33, 64, 1023, 1025, 4099, 70_001):
+        base = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4)
+        base[rng.random(n) < 0.05] = 0.0
+        for special in (None, np.nan, np.inf, 1e30):
+            v = base.copy()
+            if special is not None:
+                v[n // 2] = special
+            for kind in KINDS:
+                with np.errstate(over="ignore"):
+                    a = as_kind(v, kind)
+                fn = getattr(MOD, kind)
+                got = {}
+                for name in names:
+                    with kernels.forced_variant(name):
+                        st = MOD.state()
+                        assert fn(a, st)
+                        got[name] = repr(MOD.take(st))
+                assert len(set(got.values())) == 1, (n, special, kind, got)

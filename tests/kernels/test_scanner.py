@@ -25,7 +25,7 @@ IN_CI = os.environ.get("CI") == "true"
 def kernel_mode(request):
     """Module-scoped (hypothesis refuses function-scoped fixtures): the tests are grouped by mode."""
     if request.param == "c" and not kernels.built("scan"):
-        assert not IN_CI, "CI builds the scan kernel: precision_agent.dumps._scanc must import"
+        assert not IN_CI, "CI builds the scan kernel: precision_agent.kernels._scan must import"
         pytest.skip("the C scan kernel is not built here (no compiler at install)")
     with kernels.forced(request.param):
         yield request.param

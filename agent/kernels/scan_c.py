@@ -1,8 +1,8 @@
-"""Glue between the scanner and its optional C kernel (``_scanc.c``, chosen by agent/kernels.py).
+"""Glue between the scanner and its optional C kernel (``scan.c``, chosen by :mod:`.`).
 
 The C kernel folds each block into a small per-worker state (a bytearray kept in the worker's
-:class:`~.scan_kernels.Scratch`) instead of returning statistics per block: a 1 MiB block
-then costs one call, and the state becomes the worker's :class:`~.scan_kernels.Acc` entries
+:class:`~.scan_numpy.Scratch`) instead of returning statistics per block: a 1 MiB block
+then costs one call, and the state becomes the worker's :class:`~.scan_numpy.Acc` entries
 once, when the worker flushes. A block the kernel cannot read directly (misaligned, strided,
 non-native order) is handed to the numpy kernel for the same dtype, block by block.
 """
@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .scan_kernels import Acc, Scratch
+from .scan_numpy import Acc, Scratch
 
 BlockFn = Callable[[np.ndarray, Acc, Scratch], None]
 

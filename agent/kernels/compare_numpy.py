@@ -278,7 +278,7 @@ class Kld:
     def add_g(self, sa: float, sb: float, g: float, tf: float, pf: float, qf: float) -> None:
         """One block's partials from the C kernel: over the terms its series takes, Σa, Σb and
         G = Σ a·log(a/b) − Σa + Σb, whose terms b·g(w) >= 0 are second order in a − b (see
-        _comparec_loops.c): no cancellation in G; over the others, Σ a·log(a/b), Σa and Σb."""
+        kernels/compare.c): no cancellation in G; over the others, Σ a·log(a/b), Σa and Σb."""
         self.ca.append(sa), self.cb.append(sb), self.g.append(g)
         if tf or pf or qf:
             self.far.append((tf, pf, qf))

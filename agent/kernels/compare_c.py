@@ -1,6 +1,6 @@
-"""Glue between :func:`.metrics.compare_arrays` and the optional C kernel (``_comparec.c``):
-which blocks it may take, and how its per-block partials land in the same accumulators as
-the numpy kernels' (:mod:`.blocks`), so the two paths mix block by block.
+"""Glue between :func:`~precision_agent.compare.metrics.compare_arrays` and the optional C kernel
+(``compare.c``): which blocks it may take, and how its per-block partials land in the same
+accumulators as the numpy kernels' (:mod:`.compare_numpy`), so the two paths mix block by block.
 
 The kernel takes float32, float16 and bfloat16 blocks that are contiguous and in native byte
 order (a misaligned one is copied first), one pass per block. Everything else (float64,
@@ -23,7 +23,7 @@ import numpy as np
 
 from ..safeio import mapped_pages
 
-from .blocks import (Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, general_block, pairs,
+from .compare_numpy import (Acc, Kld, Range, Scratch, Side, _widen, _zero_nonfinite, dot, general_block, pairs,
                      same_bytes)
 
 F32, F16, BF16 = 0, 1, 2
@@ -206,13 +206,12 @@ def revisit_identical(sx_: Side, x: np.ndarray, y: np.ndarray, n: int, acc: Acc,
 # -- two passes: every metric and the ranges, then KLD's terms -----------------------------------
 def takes_whole(mod: ModuleType | None, kx: int | None, ky: int | None) -> bool:
     """Whether a pair goes to :func:`two_pass`: float32 pairs, and any pair the kernel reads
-    where its AVX-512 or AVX2 loops convert halves in one instruction. On the portable loops a
+    where its AVX-512 or AVX2 variant runs. On the baseline variant (128-bit vectors) a
     float16/bfloat16 side keeps the one-pass flow: ranges from its words are cheap there, and a
-    second conversion of every element in pass 2 is not (two passes measured slower for fp16;
-    with AVX-512, 2.45 → 1.17 ns per fp16 pair, 1.37 per bf16 pair)."""
+    second conversion of every element in pass 2 is not."""
     if mod is None or kx is None or ky is None:
         return False
-    return kx == ky == F32 or mod.isa() in ("avx512", "avx2")
+    return kx == ky == F32 or mod.variant() in ("avx512", "avx2")
 
 
 def two_pass(mod: ModuleType, sx_: Side, sy_: Side, kx: int, ky: int, n: int, acc: Acc,
