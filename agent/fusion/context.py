@@ -80,3 +80,15 @@ def load_context(graph: str | None = None, reports: list[str] | None = None, roo
         except (FusionReportError, OSError) as exc:
             ctx.errors.append(str(exc))
     return ctx
+
+
+def context_for(graph: str | None, reports: list[str] | None, roots: list[str | os.PathLike]) -> FusionContext:
+    """``compare``: the given files, else the first of the trees (target, then benchmark) that
+    holds an executed graph or a fusion report."""
+    if graph or reports:
+        return load_context(graph, reports, root=Path(roots[0]) if not graph or not reports else None)
+    for root in roots:
+        ctx = load_context(root=Path(root))
+        if not ctx.empty or ctx.errors:
+            return ctx
+    return FusionContext()
