@@ -189,6 +189,16 @@ def _fusion_suspect(op: str | None, graph: Any = None, report: Any = None) -> di
     return found.to_json() if found is not None else None
 
 
+def with_fusion(r: dict[str, Any], fusion: Any) -> None:
+    """Name the passes behind a scan's first bad op (or first overflowing op) from the compiler's
+    files (agent/fusion/context.py FusionContext); unreadable ones join the scan's errors."""
+    if not fusion.empty:
+        first = r["first_nonfinite"]
+        op = first["op"] if first else (r["overflows"][0]["op"] if r["overflows"] else None)
+        r["fusion_suspect"] = _fusion_suspect(op, fusion.graph, fusion.report)
+    r["errors"] += [{"path": "fusion", "reason": e} for e in fusion.errors]
+
+
 def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | None = None,
              ) -> list[dict[str, Any]]:
     """Judge a scan result with ``rules`` exactly as the daemon does: the same samples, the
@@ -218,12 +228,8 @@ def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
         from ..rulefile import default_rules_dir, load_rules
         rules = load_rules([default_rules_dir()])
     r = scan_dump(path, step, progress, threads)
-    if fusion is not None and not fusion.empty:
-        first = r["first_nonfinite"]
-        op = first["op"] if first else (r["overflows"][0]["op"] if r["overflows"] else None)
-        r["fusion_suspect"] = _fusion_suspect(op, fusion.graph, fusion.report)
     if fusion is not None:
-        r["errors"] += [{"path": "fusion", "reason": e} for e in fusion.errors]
+        with_fusion(r, fusion)
     r["findings"] = findings(r, rules, labels)   # judged on the scanner's own statistics
     r["tensors"] = [with_inf_extremes(t) for t in r["tensors"]]
     return r

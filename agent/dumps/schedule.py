@@ -204,6 +204,7 @@ class DumpScheduler:
         self.inbox: deque[ScanResult] = deque()
         self.guard: Callable[[], ContextManager[None]] = nullcontext  # the daemon's symlink confinement
         self.heartbeat = Heartbeat("dump-scan")
+        self.fusion: Callable[[str, dict[str, Any]], None] | None = None  # fusion/pickup.py annotate
         self._thread = self._new_thread()
         self._stuck: list[tuple[threading.Thread, Heartbeat]] = []
         self._lock = threading.Lock()
@@ -331,6 +332,8 @@ class DumpScheduler:
         try:
             keep = self.keep_cache is not None and self.keep_cache(unit)
             result = scan_dump(Path(unit), drop_cache=not keep)
+            if self.fusion is not None:
+                self.fusion(unit, result)
             r = ScanResult(unit, sig, result, samples=result_samples(result, {}, unit))
         except Cancelled:
             raise
