@@ -144,3 +144,28 @@ def test_a_live_comparison_across_fusion_names_the_module_and_the_fused_api(tmp_
         assert agent.stop() == 0
     finally:
         agent.kill()
+
+
+def test_fusion_suspected_with_the_passes_reaches_a_real_alertmanager(tmp_path):
+    from e2e_support import get_json, running_alertmanager
+    dumps, workdir = tmp_path / "dumps", tmp_path / "job"
+    dumps.mkdir()
+    workdir.mkdir()
+    config = {"route": {"receiver": "null", "group_wait": "0s"}, "receivers": [{"name": "null"}]}
+    (tmp_path / "am").mkdir()
+    with running_alertmanager(config, tmp_path / "am") as url:
+        cfg = tmp_path / "agent.yml"
+        cfg.write_text(json.dumps({"dump_settle": "0.5s", "alertmanager": {"urls": [url], "resend_interval": "1m"},
+                                   "watches": [{"path": str(dumps), "kind": "dump", "labels": {"job": "llama"},
+                                                "fusion_files": [str(workdir)]}]}))
+        agent = AgentProcess(tmp_path / "nolog", tmp_path / "state", "--config", str(cfg)).start()
+        try:
+            _job(workdir, dumps, 1, "add_layernorm_fused", "AddLayerNormFusionPass,TbeEltwiseFusionPass")
+            (a,) = wait_for(lambda: [a for a in get_json(f"{url}/api/v2/alerts")
+                                     if a["labels"]["alertname"] == "FusionSuspected"], 30,
+                            what="FusionSuspected in Alertmanager")
+            assert a["labels"]["op"] == "add_layernorm_fused" and a["labels"]["severity"] == "ticket"
+            assert "AddLayerNormFusionPass, TbeEltwiseFusionPass" in a["annotations"]["summary"]
+            assert agent.stop() == 0
+        finally:
+            agent.kill()
