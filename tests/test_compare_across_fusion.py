@@ -141,3 +141,13 @@ def test_graph_dumps_clean_across_fusion_and_an_explicit_graph(tmp_path):
     rc, c = cli("compare", off, on / "dump", "--graph", on / "ge_proto_00000001_Build.txt")
     assert rc == 0 and c["fusion_suspect"] is None and c["unmatched"] == [] and c["across_fusion"]["level"] == "graph"
     assert {r["op"] for r in c["rows"]} == {"mm_1", "add_layernorm_fused", "tanh_1"}
+
+
+def test_without_construct_json_the_fused_api_is_found_by_execution_order(tmp_path):
+    import shutil
+    on = tmp_path / "on_fault"
+    shutil.copytree(FIX / "on_fault", on)
+    for f in on.rglob("construct.json"):
+        f.unlink()
+    rc, c = cli("compare", FIX / "off", on)
+    assert rc == 1 and c["first_diverging_op"]["op"] == ATTN and c["fusion_suspect"]["fused_ops"] == [SDPA]

@@ -49,7 +49,7 @@ class Across:
     not_paired: dict[str, int] = field(default_factory=lambda: {"target": 0, "bench": 0})
     parents: dict[str, str] = field(default_factory=dict)     # fused side: API entry -> its module
     fused_entries: list[tuple[int, str]] = field(default_factory=list)  # fused side: (order, entry)
-    errors: list[str] = field(default_factory=list)
+    modules: list[tuple[int, str]] = field(default_factory=list)        # fused side: (order, Module entry)
 
     def to_json(self) -> dict[str, Any]:
         return {"level": self.level, "fused_side": self.fused_side,
@@ -108,8 +108,9 @@ def plan_msprobe(target: Side, bench: Side) -> Across | None:
     if not any(n.startswith("Module.") for n in et) or not any(n.startswith("Module.") for n in eb):
         return None   # level L1: no module to pair on; the fused API shows as unmatched
     fused = "target" if len(ft) >= len(fb) else "bench"
-    side = target if fused == "target" else bench
-    return Across("module", fused, parents=_read_construct(side), fused_entries=ft if fused == "target" else fb)
+    side, names = (target, et) if fused == "target" else (bench, eb)
+    return Across("module", fused, parents=_read_construct(side), fused_entries=ft if fused == "target" else fb,
+                  modules=sorted((o, n) for n, o in names.items() if n.startswith("Module.")))
 
 
 def _module_key(t: DumpTensor, layout: str) -> tuple:
@@ -238,13 +239,25 @@ def _inside(module: str, plan: Across, bench_name: str | None) -> list[str]:
     return out
 
 
-def module_suspect(first: dict[str, Any] | None, bench_op: str | None, plan: Across) -> FusionSuspect | None:
+def _before(module: str, plan: Across) -> list[str]:
+    """No construct.json: the fused API calls between the module's entry and the entry of the
+    module before it that is not inside it (msprobe writes a module's entry when it returns)."""
+    mp = module_parts(module)
+    at = next((o for o, n in plan.modules if n == module), None)
+    if mp is None or at is None:
+        return []
+    start = max((o for o, n in plan.modules if o < at and not (module_parts(n) or ("",))[0].startswith(mp[0] + ".")),
+                default=-1)
+    return [n for o, n in plan.fused_entries if start < o < at]
+
+
+def module_suspect(first: dict[str, Any] | None, target_op: str | None, bench_op: str | None, plan: Across,
+                   ) -> FusionSuspect | None:
     """The fused APIs inside the first diverging module, as a ``fused_api`` suspect."""
     if first is None:
         return None
-    inside = _inside(first["op"], plan, bench_op)
-    if not inside and not plan.parents:   # no construct.json: every fused API before the module's end
-        inside = [n for _o, n in plan.fused_entries]
+    fused_name = (target_op if plan.fused_side == "target" else bench_op) or first["op"]
+    inside = _inside(fused_name, plan, None) if plan.parents else _before(fused_name, plan)
     if not inside:
         try:
             return suspect(first["op"])

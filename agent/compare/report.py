@@ -128,8 +128,8 @@ def fusion_suspect(res: CompareResult) -> dict[str, Any] | None:
     op = (first or {}).get("op")
     try:
         if res.across is not None and res.across.level == "module":
-            bench_op = res.rows[first["row"]].bench.name if first is not None else None
-            found = module_suspect(first, bench_op, res.across)
+            pair = res.rows[first["row"]].pair if first is not None else None
+            found = module_suspect(first, pair and pair.target.name, pair and pair.bench.name, res.across)
         else:
             ctx = res.fusion
             found = suspect(op, getattr(ctx, "graph", None), getattr(ctx, "report", None))

@@ -16,14 +16,13 @@ per version of the file (``errors``, then the scan's ``fusion`` error), never ag
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Callable
 
-from .context import GRAPH_GLOBS, REPORT_GLOB, FusionContext, discover, load_context
+from .context import REPORT_GLOB, FusionContext, discover, load_context
 
 FileSig = tuple[str, int, int] | None
 
@@ -113,10 +112,7 @@ def watch_places(watch_for: Callable[[str], Any]) -> Callable[[str], tuple[str, 
         w = watch_for(unit)
         if w is None or w.kind != "dump":
             return None
-        return str(w.path), [w.path, *w.fusion_files]
+        own = [w.path] if w.path.is_dir() else []   # a watched file is a dump, not a graph
+        return str(w.path), [*own, *w.fusion_files]
     return places
 
-
-def is_fusion_file(path: str) -> bool:
-    name = os.path.basename(path)
-    return fnmatch(name, REPORT_GLOB) or any(fnmatch(name, g) for g in GRAPH_GLOBS)
