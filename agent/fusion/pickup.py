@@ -16,15 +16,18 @@ per version of the file (``errors``, then the scan's ``fusion`` error), never ag
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, replace
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Callable
 
+from ..health import Cancelled
 from .context import REPORT_GLOB, FusionContext, discover, load_context
 
 FileSig = tuple[str, int, int] | None
+log = logging.getLogger(__name__)
 
 
 def _sig(path: Path | None) -> FileSig:
@@ -98,12 +101,18 @@ class FusionPickup:
         return ctx
 
     def annotate(self, unit: str, result: dict[str, Any]) -> None:
-        """Scan thread: name the passes behind the scan's first bad op, from the job's graph."""
-        ctx = self.context(unit)
-        if ctx is None:
-            return
+        """Scan thread: name the passes behind the scan's first bad op, from the job's graph. A
+        failure here is one error of the scan, never the loss of the scan itself."""
         from ..dumps.scan import with_fusion
-        with_fusion(result, ctx)
+        try:
+            ctx = self.context(unit)
+            if ctx is not None:
+                with_fusion(result, ctx)
+        except Cancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug here must not drop the scan's findings
+            log.exception("fusion files of %s", unit)
+            result["errors"].append({"path": "fusion", "reason": f"{type(exc).__name__}: {exc}"[:500]})
 
 
 def watch_places(watch_for: Callable[[str], Any]) -> Callable[[str], tuple[str, list[Path]] | None]:
