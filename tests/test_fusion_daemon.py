@@ -111,8 +111,9 @@ def test_fusion_files_in_the_dump_tree_and_a_bad_one_counted_once(tmp_path):
         subprocess.run([sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write('{\"graph_fusion\": ')",
                         str(dumps / "graphs" / "fusion_result.json")], check=True, timeout=30)
         for step in (2, 3):   # two more steps with the broken report: one error, not two
-            _job(dumps / "graphs", dumps, step, "conv_bn_fused", "ConvBatchnormFusionPass", compiles=False)
-            wait_for(lambda: agent.metric("precision_agent_dump_files_scanned_total") == 2 * step, timeout=30,
+            op = f"conv_bn_fused_{step}"
+            _job(dumps / "graphs", dumps, step, op, "ConvBatchnormFusionPass", compiles=False)
+            wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpNonFinite", op=op), timeout=30,
                      what=f"step {step} scanned")
         assert agent.metric("precision_agent_errors_total", kind="scan") == 1
         assert "fusion_result.json" in agent.stderr() and "ends early" in agent.stderr()
@@ -136,6 +137,7 @@ def test_a_live_comparison_across_fusion_names_the_module_and_the_fused_api(tmp_
                                       op=module, job="tiny"), timeout=30, what="FusionSuspected on the module")
         ev = _fusion_alert(agent, module)["evidence"]["evidence"]
         assert ev["api"] == "scaled_dot_product_attention" and ev["found_by"] == "dump_divergence"
+        assert ev["fused_ops"] == ["Functional.scaled_dot_product_attention.0.forward"]
         assert agent.metric("precision_agent_alerts", alertname="DumpDivergence", op=module, job="tiny") == 1.0
         (res,) = json.loads(agent.get("/api/v1/compare"))["data"]
         assert res["across_fusion"]["level"] == "module" and res["unmatched"] == []

@@ -101,7 +101,8 @@ def fusion_attrs(found: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
         return ()
     return (("fusion_kind", found["kind"]), ("fusion_api", found.get("api")),
             ("fusion_passes", tuple(found.get("passes") or ())), ("fusion_advice", found.get("advice") or ""),
-            ("fusion_switch_cfg", json.dumps(found["switch_cfg"]) if found.get("switch_cfg") else None))
+            ("fusion_switch_cfg", json.dumps(found["switch_cfg"]) if found.get("switch_cfg") else None),
+            ("fusion_fused_ops", tuple(found.get("fused_ops") or ())))
 
 
 def _nonfinite_sample(result: dict[str, Any], labels: dict[str, str], src: SourcePos, now: float,
