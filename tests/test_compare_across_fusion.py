@@ -77,6 +77,7 @@ def test_clean_runs_give_no_suspect(bench, target):
     rc, c = cli("compare", FIX / bench, FIX / target)
     assert rc == 0 and not c["diverged"] and c["fusion_suspect"] is None and c["unmatched"] == []
     assert c["first_diverging_op"] is None and c["corrupted_input"] is None
+    assert (c["across_fusion"] is None) == ("off" not in (bench, target))   # two fusion-on runs pair as usual
 
 
 # --- graph dumps: the fusion-on run's executed graph maps its ops to the original ops ----------------
