@@ -47,3 +47,16 @@ def _feed(samples: list, series: SeriesState, side: dict, params: AbParams) -> N
 def compare_logs(on: Path, off: Path, params: AbParams | None = None, fmt: str = "auto") -> AbResult:
     params = params or AbParams()
     return judge(curve(side_of(on, params, fmt)), curve(side_of(off, params, fmt)), params)
+
+
+# what a bisection round's run was, from its ab verdict against the fusion-off run
+ROUND_RESULT = {"fusion_suspected": "bad", "no_difference": "good", "fusion_off_worse": "good"}
+
+
+def round_result(round_log: Path, off_log: Path, params: AbParams | None = None, fmt: str = "auto",
+                 ) -> tuple[str | None, AbResult]:
+    """``fusion bisect --from-ab``: the run made with a round's switch file against the run with all
+    fusion off. Clearly worse (``fusion_suspected``): ``bad``, the culprit is still on; no
+    difference (or better): ``good``; too few common steps: None, no answer yet."""
+    r = compare_logs(round_log, off_log, params, fmt)
+    return ROUND_RESULT.get(r.verdict), r

@@ -36,6 +36,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.add_argument("--step", type=int, default=None, help="only this step")
     c.add_argument("--rank", type=int, default=None, help="only this rank")
+    c.add_argument("--graph", metavar="FILE",
+                   help="the fusion-on run's executed graph (ATC JSON or ge_proto_*_Build.txt; default: the newest "
+                        "ge_proto_*_Build.txt in either tree): pairs a fusion-on graph dump with a fusion-off one "
+                        "and names the passes of a fused op")
+    c.add_argument("--fusion-report", action="append", metavar="FILE",
+                   help="fusion_result.json (default: the newest fusion_result*.json in the tree of the graph)")
     c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     c.set_defaults(func=run)
@@ -60,8 +66,11 @@ def run(args: argparse.Namespace) -> int:
             why = "; ".join(f"{p}: {r}" for p, r in side.errors[:3]) or "no dump files found"
             print(f"precision-agent: {name} {side.path}: no tensors to compare ({why})", file=sys.stderr)
             return EXIT_USAGE
+    from ..fusion.context import context_for
+    fusion = context_for(args.graph, args.fusion_report, [args.target, args.bench])
     res = compare_sides(target, bench, preset=args.preset, rerun=args.rerun, step=args.step, rank=args.rank,
-                        progress=progress_bar(args.progress, verb="comparing", items="pairs"))
+                        progress=progress_bar(args.progress, verb="comparing", items="pairs"), fusion=fusion)
+    res.target.errors += [("fusion", e) for e in fusion.errors]
     if args.csv:
         try:
             with open(args.csv, "w", newline="", encoding="utf-8") as fh:

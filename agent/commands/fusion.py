@@ -39,6 +39,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--session", required=True, metavar="FILE", help="session file (JSON; created on first use)")
     b.add_argument("--result", choices=("good", "bad"),
                    help="outcome of the run made with the current switch file: good = healthy")
+    b.add_argument("--from-ab", nargs=2, metavar=("ROUND.log", "OFF.log"),
+                   help="take the result from the ab verdict of the log of the run made with the current switch "
+                        "file against the log of the run with all fusion off: clearly worse = bad, else good")
+    b.add_argument("--format", default="auto", help="with --from-ab: log format of both files (default: detected)")
     b.add_argument("--cfg", metavar="PATH",
                    help="where to write fusion_switch.cfg (default: fusion_switch.cfg beside the session file)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
@@ -113,6 +117,13 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     cfg = Path(args.cfg) if args.cfg else session.parent / "fusion_switch.cfg"
     if not session.parent.is_dir():
         return _fail(f"{session}: its folder does not exist")
+    ab = None
+    if args.from_ab:
+        if args.result:
+            return _fail("fusion bisect: give --result or --from-ab, not both")
+        args.result, ab, why = _result_from_ab(args)
+        if args.result is None:
+            return _fail(why)
     try:
         with locked(session):
             if session.exists():
@@ -143,13 +154,37 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _fail(f"{exc.filename or session}: {exc.strerror or exc}")
     doc = s.to_json(str(cfg))
+    if ab is not None:
+        doc["from_ab"] = ab
     if args.json:
         _dump(doc)
     else:
+        if ab is not None:
+            print(f"ab verdict of {ab['round_log']} against {ab['off_log']}: {ab['verdict']} over "
+                  f"{ab['steps_compared']} common steps: recorded {ab['result']}")
         print(doc["message"])
         if not s.done or s.status == "found":
             print(f"remaining ({len(s.remaining)}): {', '.join(s.remaining)}")
     return EXIT_OK
+
+
+def _result_from_ab(args: argparse.Namespace) -> tuple[str | None, dict | None, str]:
+    """(good | bad | None, what the ab verdict said, why there is no result)."""
+    from ..readers.parsers import UnknownFormat
+    from .ab import round_result
+    round_log, off_log = map(Path, args.from_ab)
+    for path in (round_log, off_log):
+        if not path.is_file():
+            return None, None, f"fusion bisect --from-ab: {path}: not a readable file"
+    try:
+        result, r = round_result(round_log, off_log, fmt=args.format)
+    except (OSError, UnknownFormat) as exc:
+        return None, None, f"fusion bisect --from-ab: {exc}"
+    if result is None:
+        return None, None, (f"fusion bisect --from-ab: {r.verdict} ({r.steps_compared} common steps of "
+                            f"{round_log} and {off_log}): train longer, or give --result good|bad by hand")
+    return result, {"round_log": str(round_log), "off_log": str(off_log), "verdict": r.verdict,
+                    "steps_compared": r.steps_compared, "evidence": r.evidence, "result": result}, ""
 
 
 def cmd_ab(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError
-from ..dumps.scan import Progress, fusion_suspect_of, scan_dump, with_inf_extremes
+from ..dumps.scan import Progress, scan_dump, with_fusion, with_inf_extremes
 from ..engine.rulefile import RuleSet
 from ..model import json_safe
 from .tools import EXIT_ERRORS as EXIT_CONFIG, exit_status, progress_bar, rules_dirs
@@ -47,12 +47,8 @@ def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
         from ..engine.rulefile import default_rules_dir, load_rules
         rules = load_rules([default_rules_dir()])
     r = scan_dump(path, step, progress, threads)
-    if fusion is not None and not fusion.empty:
-        first = r["first_nonfinite"]
-        op = first["op"] if first else (r["overflows"][0]["op"] if r["overflows"] else None)
-        r["fusion_suspect"] = fusion_suspect_of(op, fusion.graph, fusion.report)
     if fusion is not None:
-        r["errors"] += [{"path": "fusion", "reason": e} for e in fusion.errors]
+        with_fusion(r, fusion)
     r["findings"] = findings(r, rules, labels)   # judged on the scanner's own statistics
     r["tensors"] = [with_inf_extremes(t) for t in r["tensors"]]
     return r

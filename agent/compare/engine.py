@@ -22,6 +22,7 @@ from ..health import beat
 from ..dumps.types import DumpError, DumpTensor
 from ..model import TensorStats
 from .metrics import StatsDiff, TensorDiff, compare_arrays, compare_stats
+from .across import Across, noise_floor, pair_across, plan as plan_across, settle
 from .pairing import Pair, Side, filter_side, pair_sides, read_side, tensor_label
 from .verdict import (PRESET_FLAGS, PRESETS, Judged, first_differing, first_diverging, stats_distance,
                       stats_within, tensor_within, tolerance)
@@ -73,6 +74,8 @@ class CompareResult:
     first_diverging_op: dict[str, Any] | None = None
     corrupted_input: dict[str, Any] | None = None
     first_differing_tensor: dict[str, Any] | None = None
+    across: Across | None = None     # a fusion-on run against a fusion-off run (across.py)
+    fusion: Any = None               # the compiler's files (agent/fusion/context.py FusionContext)
 
     @property
     def identical(self) -> bool:
@@ -146,15 +149,19 @@ def _same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
 
 def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: bool = False,
                   step: int | None = None, rank: int | None = None,
-                  progress: Progress | None = None) -> CompareResult:
-    """Pair, compare and judge two already-read sides."""
+                  progress: Progress | None = None, fusion: Any = None) -> CompareResult:
+    """Pair, compare and judge two already-read sides. ``fusion``: the executed graph and fusion
+    report (FusionContext) of either run: names the passes of a fused op, and pairs a fusion-on
+    graph dump with a fusion-off one (across.py)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     filter_side(target, step, rank)
     filter_side(bench, step, rank)
-    pairing = pair_sides(target, bench)
+    across = plan_across(target, bench, getattr(fusion, "graph", None))
+    pairing = pair_across(target, bench, across) if across is not None else pair_sides(target, bench)
     res = CompareResult(target, bench, preset, "rerun" if rerun else "benchmark",
-                        unmatched=pairing.unmatched, unmatched_tensors=pairing.unmatched_tensors)
+                        unmatched=pairing.unmatched, unmatched_tensors=pairing.unmatched_tensors,
+                        across=across, fusion=fusion)
     n = len(pairing.pairs)
     weights = [tensor_bytes(p.target) + tensor_bytes(p.bench) for p in pairing.pairs] if progress else []
     total, done = sum(weights), 0
@@ -164,8 +171,12 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
         if progress is not None:
             done += weights[i]
             progress(done, total, i + 1, n)
+    if across is not None and not rerun and preset == "strict":
+        noise_floor(res.rows)
     judged = [r.judged() for r in res.rows]
     res.first_diverging_op, res.corrupted_input = first_diverging(judged, preset, rerun)
+    if across is not None and across.level == "module":
+        res.first_diverging_op, res.corrupted_input = settle(res.first_diverging_op, res.corrupted_input, res.rows)
     for where in (res.first_diverging_op, res.corrupted_input):
         if where is not None:
             where.update(_details(res.rows[where["row"]]))

@@ -36,6 +36,7 @@ class DumpWork:
     compare: CompareSpec | None
     digest: str | None
     csv_dir: Path
+    fusion: Any = None   # the job's fusion report and executed graph (daemon/fusionfiles.py), for compare
 
     @property
     def needed(self) -> bool:
@@ -49,7 +50,16 @@ def counterpart(unit: str, work: DumpWork) -> Path | None:
     rel = os.path.relpath(unit, work.root)
     if rel.startswith(".."):
         return None
-    return work.compare.against if rel == "." else work.compare.against / rel
+    other = work.compare.against if rel == "." else work.compare.against / rel
+    if not other.exists() and _PROC.fullmatch(other.name) and other.parent.is_dir():
+        # msprobe names a run without ranks proc<PID>: another process, another name
+        procs = [p for p in other.parent.iterdir() if _PROC.fullmatch(p.name) and p.is_dir()]
+        if len(procs) == 1:
+            return procs[0]
+    return other
+
+
+_PROC = re.compile(r"proc\d+")
 
 
 def ready(path: Path, settle: float, now: float | None = None) -> bool:
@@ -86,7 +96,7 @@ def compare_unit(unit: str, other: Path, work: DumpWork, target: Side | None = N
     spec = work.compare
     assert spec is not None
     res = compare_sides(target if target is not None else read_side(unit), read_side(other),
-                        preset=spec.preset, rerun=spec.mode == "rerun")
+                        preset=spec.preset, rerun=spec.mode == "rerun", fusion=work.fusion)
     out = json_safe(to_json(res))
     out["csv"], csv_error = _write_csv(res, unit, work)
     if csv_error is not None:

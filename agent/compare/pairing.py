@@ -25,13 +25,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..dumps.scan import discover
 from ..dumps.types import DumpTensor
 
 TF_NPY = re.compile(r"(?P<op>.+)\.(?P<index>\d+)\.(?P<ts>\d{10,})\.npy")
 Group = tuple[int | None, int | None]
+KeyFn = Callable[[DumpTensor, str], tuple]
 
 
 @dataclass(slots=True)
@@ -134,18 +135,21 @@ def match_groups(target: dict[Group, Any], bench: dict[Group, Any]) -> list[tupl
     return sorted(out, key=lambda gg: _sort_key(gg[0]))
 
 
-def pair_sides(target: Side, bench: Side) -> Pairing:
-    """Pair every target tensor with its benchmark tensor; list the rest as unmatched."""
+def pair_sides(target: Side, bench: Side, key: KeyFn | None = None, bench_key: KeyFn | None = None) -> Pairing:
+    """Pair every target tensor with its benchmark tensor; list the rest as unmatched. ``key`` /
+    ``bench_key``: another pairing key than :func:`pair_key` (comparing across fusion, across.py)."""
+    key = key or pair_key
+    bench_key = bench_key or key
     result = Pairing()
     tg, bg = _groups(target), _groups(bench)
     matched = match_groups(tg, bg)
     for gt, gb in matched:
         keyed: dict[tuple, list[DumpTensor]] = {}
         for t in bg[gb]:
-            keyed.setdefault(pair_key(t, bench.layout), []).append(t)
+            keyed.setdefault(bench_key(t, bench.layout), []).append(t)
         taken: dict[tuple, int] = {}
         for t in sorted(tg[gt], key=lambda x: x.order):
-            k = pair_key(t, target.layout)
+            k = key(t, target.layout)
             n = taken.get(k, 0)
             cands = keyed.get(k, [])
             if n < len(cands):

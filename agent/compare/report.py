@@ -120,11 +120,19 @@ def summary(res: CompareResult) -> str:
 
 
 def fusion_suspect(res: CompareResult) -> dict[str, Any] | None:
-    """Whether the first diverging op is a fused API (docs/fusion.md), as ``scan`` says it."""
+    """Whether the first diverging op is a fused API or an op fusion passes made (docs/fusion.md);
+    across fusion, the fused APIs inside the first diverging module."""
     from ..fusion.suspect import CatalogueError, suspect
-    op = (res.first_diverging_op or {}).get("op")
+    from .across import module_suspect
+    first = res.first_diverging_op
+    op = (first or {}).get("op")
     try:
-        found = suspect(op)
+        if res.across is not None and res.across.level == "module":
+            pair = res.rows[first["row"]].pair if first is not None else None
+            found = module_suspect(first, pair and pair.target.name, pair and pair.bench.name, res.across)
+        else:
+            ctx = res.fusion
+            found = suspect(op, getattr(ctx, "graph", None), getattr(ctx, "report", None))
     except CatalogueError as exc:
         return {"op": op, "kind": None, "error": str(exc)}
     return found.to_json() if found is not None else None
@@ -154,6 +162,8 @@ def to_json(res: CompareResult) -> dict[str, Any]:
             "unmatched": res.unmatched, "first_diverging_op": res.first_diverging_op,
             "corrupted_input": res.corrupted_input, "first_differing_tensor": res.first_differing_tensor,
             "fusion_suspect": fusion_suspect(res),
+            "across_fusion": res.across.to_json() if res.across is not None else None,
+            "fused_away": res.across.fused_away if res.across is not None else [],
             "identical": res.identical, "diverged": res.diverged, "verdict": verdict(res),
             "summary": summary(res), "differ_bitwise": sum(not r.equal for r in res.rows),
             "beyond_tolerance": sum(r.ok is False for r in res.rows), "errors": res.errors,
@@ -273,6 +283,7 @@ def format_text(res: CompareResult, limit: int = 30) -> str:
              f"verdict: {doc['verdict']}: {doc['summary']}"]
     f = res.first_differing_tensor
     lines.append("first differing tensor: " + (f"{_where(f)}: {_evidence(f)}" if f else "none"))
+    lines += _fusion_lines(doc)
     bad = [r for r in res.rows if r.ok is False]
     lines += _failing_tables(bad, limit)
     for u in res.unmatched[:limit]:
@@ -284,6 +295,21 @@ def format_text(res: CompareResult, limit: int = 30) -> str:
     return "\n".join(lines)
 
 
+
+
+def _fusion_lines(doc: dict[str, Any]) -> list[str]:
+    lines = []
+    a = doc["across_fusion"]
+    if a is not None:
+        how = ("module entries (msprobe Module.*)" if a["level"] == "module"
+               else f"the original-op mapping of {a['graph']}")
+        lines.append(f"across fusion: the fusion-on run is the {a['fused_side']}; paired on {how}; "
+                     f"{a['fused_away']} entries fused away (one run only, not errors)")
+    s = doc["fusion_suspect"]
+    if s is not None and s.get("kind"):
+        what = ", ".join(s["passes"]) if s["passes"] else ", ".join(s.get("fused_ops") or ()) or s.get("api") or "op"
+        lines.append(f"fusion suspect: {s['op']} ({s['kind']}: {what}): {s['advice']}")
+    return lines
 
 
 def _at(t: DumpTensor) -> str:

@@ -48,6 +48,8 @@ class Watch(Strict):
     run_from: Literal["file", "parent_dir", "label"] = "file"
     start_at_end: bool = False  # for a log that existed before the agent ever saw it
     compare: CompareSpec | None = None  # dump watches: compare each completed step with another run
+    fusion_files: list[Path] = Field(default_factory=list)  # dump watches: more places of the job's fusion_result.json
+                                # and ge_proto_*_Build.txt (its working directory, DUMP_GRAPH_PATH); docs/fusion.md
     digest: str | None = None   # dump watches: regex over "op io[index]" of tensors that must be equal
                                 # on every data-parallel rank (e.g. weights); exported as a digest metric
     # inotify misses other NFS/Lustre/FUSE clients' writes: "auto" polls when the path is on such a

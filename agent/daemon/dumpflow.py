@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..compare.live import DumpWork, after_scan, compare_sample
 from ..config import Config, Watch
+from ..dumps.results import DumpBook
 from ..dumps.schedule import AfterScan, DumpScheduler, ScanResult, labelled
 from ..dumps.types import LIMITS
-from ..dumps.results import DumpBook
+from ..engine.pipeline import Pipeline
+from .fusionfiles import FusionPickup, watch_places
 from ..health import Health
 from ..model import make_labels
-from ..engine.pipeline import Pipeline
 from ..sources.watcher import watch_for
 from ..store.state import StateError, StateStore
 
@@ -32,6 +34,8 @@ class DumpFlow:
         self.scheduler = DumpScheduler(config.dump_settle, 64, {}, self.after_scan, self.keep_cache,
                                        lambda msg: health.error("scan", "%s", msg))
         LIMITS.max_decompressed_bytes = config.limits.max_decompressed_bytes
+        self.fusion = FusionPickup(watch_places(self._watch))   # the jobs' fusion reports and graphs
+        self.scheduler.fusion = self.fusion.annotate
 
     def keep_cache(self, unit: str) -> bool:
         """Scan thread: keep a unit's pages in the page cache when a comparison will read them
@@ -62,7 +66,9 @@ class DumpFlow:
         if watch is None:
             return AfterScan()
         work = self.work(watch)
-        return after_scan(unit, work, self.config.dump_settle) if work.needed else AfterScan()
+        if not work.needed:
+            return AfterScan()
+        return after_scan(unit, replace(work, fusion=self.fusion.context(unit)), self.config.dump_settle)
 
     def handle(self, r: ScanResult) -> None:
         """Worker thread: one scanned (or re-compared) dump directory."""

@@ -45,6 +45,7 @@ class FusionSuspectDetector(Detector[FusionSuspectParams]):
         evidence = {"op": op, "kind": kind, "api": api, "passes": passes, "suspects": ", ".join(passes) or api,
                     "advice": sample.attr("fusion_advice") or "",
                     "switch_cfg": json.loads(cfg) if isinstance(cfg, str) else None,
+                    "fused_ops": list(sample.attr("fusion_fused_ops") or ()),   # across fusion: the calls inside the module
                     "tensor": sample.attr("tensor"), "rank": sample.attr("rank"), "found_by": sample.metric}
         return Hit(sample.labels + (("op", op),), f"{op} {why}; it is fused ({what})", sample.value,
                    sample.step, sample.source, evidence)

@@ -208,3 +208,13 @@ def fusion_suspect_of(op: str | None, graph: Any = None, report: Any = None) -> 
     except CatalogueError as exc:
         return {"op": op, "kind": None, "error": str(exc)}
     return found.to_json() if found is not None else None
+
+
+def with_fusion(r: dict[str, Any], fusion: Any) -> None:
+    """Name the passes behind a scan's first bad op (or first overflowing op) from the compiler's
+    files (agent/fusion/context.py FusionContext); unreadable ones join the scan's errors."""
+    if not fusion.empty:
+        first = r["first_nonfinite"]
+        op = first["op"] if first else (r["overflows"][0]["op"] if r["overflows"] else None)
+        r["fusion_suspect"] = fusion_suspect_of(op, fusion.graph, fusion.report)
+    r["errors"] += [{"path": "fusion", "reason": e} for e in fusion.errors]

@@ -122,7 +122,8 @@ def fusion_attrs(found: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
         return ()
     return (("fusion_kind", found["kind"]), ("fusion_api", found.get("api")),
             ("fusion_passes", tuple(found.get("passes") or ())), ("fusion_advice", found.get("advice") or ""),
-            ("fusion_switch_cfg", json.dumps(found["switch_cfg"]) if found.get("switch_cfg") else None))
+            ("fusion_switch_cfg", json.dumps(found["switch_cfg"]) if found.get("switch_cfg") else None),
+            ("fusion_fused_ops", tuple(found.get("fused_ops") or ())))
 
 
 def _nonfinite_sample(result: dict[str, Any], labels: dict[str, str], src: SourcePos, now: float,
@@ -225,6 +226,7 @@ class DumpScheduler:
         self.inbox: deque[ScanResult] = deque()
         self.guard: Callable[[], ContextManager[None]] = nullcontext  # the daemon's symlink confinement
         self.heartbeat = Heartbeat("dump-scan")
+        self.fusion: Callable[[str, dict[str, Any]], None] | None = None  # daemon/fusionfiles.py annotate
         self._thread = self._new_thread()
         self._stuck: list[tuple[threading.Thread, Heartbeat]] = []
         self._lock = threading.Lock()
@@ -352,6 +354,8 @@ class DumpScheduler:
         try:
             keep = self.keep_cache is not None and self.keep_cache(unit)
             result = scan_dump(Path(unit), drop_cache=not keep)
+            if self.fusion is not None:
+                self.fusion(unit, result)
             r = ScanResult(unit, sig, result, samples=result_samples(result, {}, unit))
         except Cancelled:
             raise

@@ -17,6 +17,7 @@ from .report import FusionReport, FusionReportError, load_reports
 
 REPORT_GLOB = "fusion_result*.json"
 GRAPH_GLOB = "ge_proto_*_Build.txt"
+GRAPH_GLOBS = (GRAPH_GLOB, "ge_proto_*_Build.json")   # the GE text dump, and its ATC JSON (atc --mode=5)
 MAX_WALK = 20_000  # directory entries looked at when searching a dump tree
 
 
@@ -52,7 +53,7 @@ def discover(root: Path, limit: int = MAX_WALK) -> tuple[Path | None, Path | Non
             seen += 1
             if fnmatch(name, REPORT_GLOB):
                 reports.append(Path(dirpath) / name)
-            elif fnmatch(name, GRAPH_GLOB):
+            elif any(fnmatch(name, g) for g in GRAPH_GLOBS):
                 graphs.append(Path(dirpath) / name)
         seen += len(dirnames)
         if seen > limit:
@@ -80,3 +81,15 @@ def load_context(graph: str | None = None, reports: list[str] | None = None, roo
         except (FusionReportError, OSError) as exc:
             ctx.errors.append(str(exc))
     return ctx
+
+
+def context_for(graph: str | None, reports: list[str] | None, roots: list[str | os.PathLike]) -> FusionContext:
+    """``compare``: the given files, else the first of the trees (target, then benchmark) that
+    holds an executed graph or a fusion report."""
+    if graph or reports:
+        return load_context(graph, reports, root=Path(roots[0]) if not graph or not reports else None)
+    for root in roots:
+        ctx = load_context(root=Path(root))
+        if not ctx.empty or ctx.errors:
+            return ctx
+    return FusionContext()

@@ -56,6 +56,7 @@ class FusionSuspect:
     advice: str = ""
     api: str | None = None
     fuses: tuple[str, ...] = field(default=())
+    fused_ops: tuple[str, ...] = ()   # compare across fusion: the fused API calls inside the diverging module
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.op, "kind": self.kind, "passes": list(self.passes),
@@ -63,6 +64,8 @@ class FusionSuspect:
                                "advice": self.advice}
         if self.api is not None:
             out["api"], out["fuses"] = self.api, list(self.fuses)
+        if self.fused_ops:
+            out["fused_ops"] = list(self.fused_ops)
         return out
 
 

@@ -37,7 +37,8 @@ LONG_MODULES = {
 # Test folders that mirror no package folder, with the reason.
 TEST_ONLY_FOLDERS = {"support": "the shared test helpers", "e2e": "real Prometheus/Alertmanager/fleet end to end",
                      "fuzzing": "the fuzz suite",
-                     "benchmarks": "smoke runs of bench/", "architecture": "this file"}
+                     "benchmarks": "smoke runs of bench/", "architecture": "this file",
+                     "fixtures": "data files too costly to make per test (made by the make.py beside them)"}
 
 
 def _modules() -> dict[str, Path]:

@@ -171,7 +171,7 @@ def test_scan_names_the_passes_behind_a_bad_graph_op_from_the_files_in_the_tree(
     (ge_proto_*_Build.txt) and fusion_result.json lie in the tree: scan finds them and names the
     passes with the switch file that turns off exactly them."""
     from support import dumps as W
-    from test_fusion_graph import ge_text
+    from support.dumps import ge_text
     d = tmp_path / "dump"
     d.mkdir()
     good = np.ones((2, 3), np.float32)

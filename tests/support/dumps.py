@@ -245,3 +245,55 @@ def tiny_net(root, *, half_fc2=False, w2=W2, step=0, task="tensor", bump=None):
                ("Torch.tanh.0.forward", {"input_args": [y], "output": [out]}),
                ("Torch.tanh.0.backward", {"input": [grad], "output": [grad * (1 - out * out)]})]
     return write_msprobe(root, entries, step=step, task=task)
+
+
+def _q(s: str) -> str:
+    """C-escape a string as protobuf's text printer does for bytes fields (octal for non-ASCII)."""
+    out = []
+    for b in s.encode("utf-8"):
+        c = chr(b)
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif 32 <= b < 127:
+            out.append(c)
+        else:
+            out.append(f"\\{b:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def _attr(key: str, value: object, ind: str) -> str:
+    if isinstance(value, list):
+        items = "".join(f"{ind}      s: {_q(v)}\n" for v in value)
+        body = f"{ind}    list {{\n{items}{ind}      val_type: VT_LIST_STRING\n{ind}    }}\n"
+    elif isinstance(value, bool):
+        body = f"{ind}    b: {'true' if value else 'false'}\n"
+    elif isinstance(value, int):
+        body = f"{ind}    i: {value}\n"
+    else:
+        body = f"{ind}    s: {_q(value)}\n"
+    return f"{ind}attr {{\n{ind}  key: {_q(key)}\n{ind}  value {{\n{body}{ind}  }}\n{ind}}}\n"
+
+
+def ge_text(graphs: list[tuple[str, list[dict]]], model: str = "ge_default_model") -> str:
+    lines = [f"name: {_q(model)}\nversion: 2\n", _attr("run_count", 3, "")]
+    for gname, ops in graphs:
+        lines.append(f"graph {{\n  name: {_q(gname)}\n  input: \"x:0\"\n")
+        for op in ops:
+            lines.append(f"  op {{\n    name: {_q(op['name'])}\n    type: {_q(op['type'])}\n    id: 7\n")
+            for inp in op.get("inputs", []):
+                lines.append(f"    input: {_q(inp)}\n")
+            for k, v in op.get("attrs", {}).items():
+                lines.append(_attr(k, v, "    "))
+            lines.append("    input_desc {\n      dtype: DT_FLOAT16\n      shape {\n        dim: 8\n      }\n"
+                         "      layout: \"ND\"\n    }\n")
+            for out in op.get("outputs", []):
+                lines.append("    output_desc {\n      name: \"\"\n      dtype: DT_FLOAT\n"
+                             "      shape {\n        dim: 8\n        dim: -1\n      }\n      layout: \"NCHW\"\n")
+                for k, v in out.items():
+                    lines.append(_attr(k, v, "      "))
+                lines.append("      has_out_attr: true\n    }\n")
+            lines.append("  }\n")
+        lines.append("}\n")
+    return "".join(lines)

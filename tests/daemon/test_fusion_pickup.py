@@ -1,0 +1,55 @@
+"""agent/daemon/fusionfiles.py: the newest fusion report and graph over a job's places, parsed again only
+when one changed, and an unreadable one reported once per version."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from precision_agent.daemon.fusionfiles import FusionPickup, newest_files
+from support.dumps import ge_text
+
+OPS = [{"name": "f", "type": "X", "attrs": {"pass_name": ["P1"], "_datadump_original_op_names": ["a", "b"]},
+        "outputs": [{}]}]
+
+
+def _report(path: Path, passes: list[str], mtime: int) -> Path:
+    path.write_text(json.dumps({"graph_fusion": {p: {"match_times": "1", "effect_times": "1"} for p in passes}}))
+    os.utime(path, ns=(mtime, mtime))
+    return path
+
+
+def test_the_newest_of_each_kind_over_files_and_folders(tmp_path):
+    (tmp_path / "dumps" / "deep").mkdir(parents=True)
+    old = _report(tmp_path / "dumps" / "deep" / "fusion_result.json", ["Old"], 1_000_000_000_000_000_000)
+    new = _report(tmp_path / "fusion_result_1.json", ["New"], 2_000_000_000_000_000_000)
+    atc = tmp_path / "model.json"
+    atc.write_text("{}")
+    g = tmp_path / "dumps" / "ge_proto_00000002_Build.txt"
+    g.write_text(ge_text([("g", OPS)]))
+    os.utime(g, ns=(1, 1))
+    assert newest_files([tmp_path / "dumps", new, atc]) == (new, atc)
+    assert newest_files([tmp_path / "dumps"]) == (old, g)
+    assert newest_files([tmp_path / "missing"]) == (None, None)
+
+
+def test_parsed_once_per_version_and_errors_reported_once(tmp_path):
+    g = tmp_path / "ge_proto_00000001_Build.txt"
+    g.write_text(ge_text([("g", OPS)]))
+    rep = _report(tmp_path / "fusion_result.json", ["P1"], 1_000_000_000_000_000_000)
+    pick = FusionPickup(lambda unit: ("job", [tmp_path]) if unit.startswith("/job") else None)
+    assert pick.context("/other") is None
+    first = pick.context("/job/step1")
+    assert first.graph is not None and first.report is not None and first.report.effective == ["P1"]
+    assert pick.context("/job/step2") is pick.latest["job"].ctx          # unchanged: not parsed again
+    assert pick.context("/job/step2").graph is first.graph
+    rep.write_text('{"graph_fusion": ')                                    # the job compiles again, badly
+    bad = pick.context("/job/step3")
+    assert bad.report is None and bad.graph is not None and "ends early" in bad.errors[0]
+    assert pick.context("/job/step4").errors == []                         # once per version of the file
+    result = {"first_nonfinite": {"op": "f"}, "overflows": [], "errors": [], "fusion_suspect": None}
+    _report(rep, ["P1"], 3_000_000_000_000_000_000)
+    pick.annotate("/job/step5", result)
+    assert result["fusion_suspect"]["passes"] == ["P1"] and result["errors"] == []
+    assert result["fusion_suspect"]["switch_cfg"] == {"Switch": {"GraphFusion": {"P1": "off"}, "UBFusion": {}}}
