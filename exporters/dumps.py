@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..model import Labels
+from .dump_origin import DumpOrigins
 from .metrics import P, _keys, _values
 
 MAX_LABEL_SETS = 512
@@ -28,6 +29,7 @@ class DumpBook:
         self._digests: OrderedDict[Labels, tuple[int, float, int]] = OrderedDict()   # -> step, value, tensors
         self._compares: OrderedDict[Labels, dict[str, float]] = OrderedDict()
         self._results: OrderedDict[str, dict[str, Any]] = OrderedDict()              # unit -> last result
+        self.origins = DumpOrigins()   # each rank's first non-finite dump (exporters/dump_origin.py)
 
     @staticmethod
     def _put(d: OrderedDict, key: Any, value: Any, cap: int) -> None:
@@ -105,3 +107,4 @@ class DumpCollector(Collector):
             unm.add_metric(v, c["unmatched"])
             last.add_metric(v, c["last"])
         yield from (runs, div, pairs, diff, unm, last)
+        yield from self.book.origins.metrics()
