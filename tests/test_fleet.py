@@ -48,7 +48,7 @@ import pytest
 import yaml
 
 from e2e_support import (PROM_DIR, REPO, Proc, free_port, find_binary, get_json, is_ready, prom_query,
-                         running_alertmanager, start_listening, stop_all, wait_until)
+                         running_alertmanager, start_listening, stop_all, wait_alive)
 from test_e2e_prometheus import WebhookSink
 
 pytestmark = pytest.mark.e2e
@@ -133,11 +133,7 @@ class Fleet:
         return "\n".join(parts)
 
     def wait(self, predicate: Any, timeout: float, what: str) -> Any:
-        def checked() -> Any:
-            for p in self.procs:
-                p.check_alive()
-            return predicate()
-        return wait_until(checked, timeout, what, interval=0.25, on_timeout=self.logs)
+        return wait_alive(self.procs, predicate, timeout, what, on_timeout=self.logs)
 
     def notifications(self, run: str, status: str | None = None) -> list[dict[str, Any]]:
         """Every webhook payload of ``run``'s groups, on any receiver."""
