@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
+import jsonschema
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +67,6 @@ def _strict(schema: Any) -> Any:
 
 
 def _errors(schema: dict[str, Any], doc: dict[str, Any]) -> list[str]:
-    jsonschema = pytest.importorskip("jsonschema")
     v = jsonschema.Draft7Validator(schema)
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in v.iter_errors(doc)]
 
