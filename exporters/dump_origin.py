@@ -9,8 +9,8 @@ found a NaN/Inf, and its first bad op (the op whose inputs were finite and an ou
 
 one series per rank: a lower step replaces the op, so the op label never accumulates values.
 The time is when the dump was written (its directory's newest modification time). The shipped
-Prometheus rule ``TrainingNonFiniteOrigin`` (exporters/prometheus/alerts.yml) copies ``op`` of the
-origin rank onto the alert.
+Prometheus rule ``TrainingNonFiniteOrigin`` (exporters/prometheus/alerts.yml) names the origin
+rank's ``op`` in its summary and description.
 
 A rank's record belongs to one attempt of the job, as the logs' first non-finite step does: a dump
 of the same rank at the same or a lower step, written after the recorded one, is a rerun (a

@@ -1,12 +1,15 @@
 """The simulated multi-host training job of tests/test_fleet.py, run as its own process.
 
     python fleet_job.py ROOT RUN HOSTS RANKS_PER_HOST FIRST LAST PAUSE [RANK=NAN_STEP ...]
+    python fleet_job.py dump DIR STEP RANK OP
 
 appends, step by step in lock-step over every rank (as a data-parallel job logs), one Megatron-LM
 iteration line (bf16: loss scale 1.0) per step to ``ROOT/h<NN>/logs/<RUN>_rank<R>.log`` for the
 global ranks R of host NN, from step FIRST to LAST (a step lower than the log's last one is a
 restart from a checkpoint). ``R=S``: rank R's loss and grad norm are NaN from step S on.
-SIGTERM ends it after the step being written.
+SIGTERM ends it after the step being written. The second form writes one rank's msprobe dump of
+a step (``DIR/step<STEP>/rank<RANK>/``) whose op OP turns finite inputs into a NaN output, as
+msprobe dumps during the step, before the step's log line.
 """
 
 from __future__ import annotations
@@ -52,5 +55,19 @@ def main(argv: list[str]) -> None:
             f.close()
 
 
+def dump(argv: list[str]) -> None:
+    import numpy as np
+    from test_compare_pairing import write_msprobe   # this folder is on sys.path: the script's own
+    root, step, rank, op = Path(argv[0]), int(argv[1]), argv[2], argv[3]
+    x = np.ones((2, 3), np.float32)
+    y = x @ x.T
+    y[0, 1] = np.nan
+    write_msprobe(root, [(op, {"input_args": [x, x.T.copy()], "output": [y]}),
+                         ("Torch.relu.0.forward", {"input_args": [y], "output": [y]})], step=step, rank=f"rank{rank}")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == ["dump"]:
+        dump(sys.argv[2:])
+    else:
+        main(sys.argv[1:])

@@ -12,7 +12,8 @@
 One rank of run gptA goes NaN first, every other rank two steps later (the all-reduce); so does run
 gptB on other ranks of the same hosts. Each run gets exactly one notification, naming its origin
 host (``instance``, and the target's ``host`` label) and rank, and the propagated copies of every
-rank are inhibited. gptA then restarts from a checkpoint: the incident resolves and a resolved
+rank are inhibited. gptA's origin rank also dumped its step (msprobe, to a dump watch labelled
+with the run): the page names its first bad op. gptA then restarts from a checkpoint: the incident resolves and a resolved
 notification follows, with no page for the copies in between.
 
 What the test changes in copies of the shipped files, and why (everything else as shipped):
@@ -22,12 +23,13 @@ What the test changes in copies of the shipped files, and why (everything else a
   what lets the origin join its run's group before the first notification) and
   ``group_interval`` 2s (shipped 5m: when the resolved notification can go out). Routes,
   ``group_by`` and inhibition rules are untouched;
-- the incident's durations, scaled from minutes to seconds with their order kept: the agents'
-  ``TrainingNonFinite`` ``resolve_after`` 10m -> 3s (a copy of rules/training.yml), and the
-  window for which alerts.yml remembers each rank's first NaN step, ``[15m]`` -> ``[12s]``. The
-  origin must outlive the copies after a restart, or its end would lift their inhibition.
+- the incident's durations, scaled from minutes to seconds with their order kept: the copies'
+  ``resolve_after`` in copies of the agent rule files, ``TrainingNonFinite`` 10m -> 3s and
+  ``DumpNonFinite`` 1h -> 6s, and the window for which alerts.yml remembers the origin,
+  ``[70m]`` -> ``[12s]``. The origin must outlive the copies after a restart, or its end would
+  lift their inhibition. And the agents' ``dump_settle`` (a config setting, 5s by default) is 0.5s.
 
-Machine cost: 18 processes on 2 cores; the agents read 128 log files and answer 16 scrapes a
+Machine cost: 18 processes on 2 cores; the agents read 128 log files and one dump and answer 16 scrapes a
 second. Every wait is a poll with a deadline; a failure prints every process's log tail.
 """
 
@@ -48,7 +50,7 @@ import pytest
 import yaml
 
 from e2e_support import (PROM_DIR, REPO, Proc, free_port, find_binary, get_json, is_ready, prom_query,
-                         running_alertmanager, start_listening, stop_all, wait_alive)
+                         running_alertmanager, start_listening, stop_all, wait_alive, wait_until)
 from test_e2e_prometheus import WebhookSink
 
 pytestmark = pytest.mark.e2e
@@ -58,26 +60,27 @@ RANKS = HOSTS * PER_HOST
 JOB = "precision-agent"
 RUN_A, RUN_B = "gptA", "gptB"
 ORIGIN = {RUN_A: 22, RUN_B: 45}     # global ranks: host 5 rank 22, host 11 rank 45
-PAGE = "/precision-agent/page"
+BAD_OP = "Functional.linear.3.forward"
 JOB_SCRIPT = Path(__file__).resolve().parent / "fleet_job.py"
-AGENT_RESOLVE_AFTER = "3s"          # rules/training.yml TrainingNonFinite: 10m
-ORIGIN_WINDOW = "12s"               # alerts.yml last_over_time(...[15m])
+RESOLVE_AFTER = {"TrainingNonFinite": ("10m", "3s"), "DumpNonFinite": ("1h", "6s")}   # shipped, here
+ORIGIN_WINDOW = ("[70m]", "[12s]")  # alerts.yml's memory of the origin: shipped, here
 
 
 def _agent_rules(dest: Path) -> Path:
-    """Copies of the shipped agent rule files; only TrainingNonFinite's resolve_after changes."""
+    """Copies of the shipped agent rule files; only the copies' resolve_after changes."""
     dest.mkdir()
     changed = 0
     for f in sorted((REPO / "rules").glob("*.yml")):
         doc = yaml.safe_load(f.read_text())
         for g in doc["groups"]:
             for r in g["rules"]:
-                if r.get("alert") == "TrainingNonFinite":
-                    assert r["resolve_after"] == "10m", r
-                    r["resolve_after"] = AGENT_RESOLVE_AFTER
+                if r.get("alert") in RESOLVE_AFTER:
+                    shipped, here = RESOLVE_AFTER[r["alert"]]
+                    assert r["resolve_after"] == shipped, r
+                    r["resolve_after"] = here
                     changed += 1
         (dest / f.name).write_text(yaml.safe_dump(doc, sort_keys=False))
-    assert changed == 1
+    assert changed == len(RESOLVE_AFTER)
     return dest
 
 
@@ -88,10 +91,10 @@ def _prom_rules(dest: Path) -> Path:
     for g in doc["groups"]:
         for r in g["rules"]:
             if "last_over_time(" in r.get("expr", ""):
-                assert "[15m]" in r["expr"], r
-                r["expr"] = r["expr"].replace("[15m]", f"[{ORIGIN_WINDOW}]")
+                assert ORIGIN_WINDOW[0] in r["expr"], r
+                r["expr"] = r["expr"].replace(*ORIGIN_WINDOW)
                 changed += 1
-    assert changed == 2, changed
+    assert changed == 3, changed
     dest.write_text(yaml.safe_dump(doc, sort_keys=False))
     return dest
 
@@ -126,6 +129,12 @@ class Fleet:
     targets: dict[int, str] = field(default_factory=dict)     # host -> 127.0.0.1:port
     procs: list[Proc] = field(default_factory=list)
     jobs: list[subprocess.Popen] = field(default_factory=list)   # job processes still running
+    agents: dict[int, Proc] = field(default_factory=dict)
+    restarts: int = 0
+
+    @property
+    def sd_file(self) -> Path:
+        return self.root / "targets.json"
 
     def logs(self) -> str:
         parts = [p.tail(2500) for p in self.procs if not p.alive() or p.name == "prometheus"]
@@ -145,20 +154,45 @@ class Fleet:
         return get_json(f"{self.am_url}/api/v2/alerts?{q}")
 
 
+def _start_agent(fleet: Fleet, h: int) -> None:
+    """Host h's agent on a free loopback port, listed in the file_sd target file."""
+    home = fleet.root / f"h{h:02d}"
+    port = free_port()
+    proc = Proc(f"agent-h{h:02d}", [sys.executable, "-m", "precision_agent", "run", "--config", str(home / "agent.yml"),
+                                    "--state", str(home / "state"), "--listen", f"127.0.0.1:{port}"],
+                fleet.root, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    fleet.procs.insert(0, proc)
+    fleet.agents[h] = proc
+    fleet.targets[h] = f"127.0.0.1:{port}"
+    fleet.sd_file.write_text(json.dumps([{"targets": [t], "labels": {"host": f"h{n:02d}"}}
+                                         for n, t in sorted(fleet.targets.items())]))
+
+
 def _start_agents(fleet: Fleet, rules: Path) -> None:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for h in range(HOSTS):
         home = fleet.root / f"h{h:02d}"
-        cfg = home / "agent.yml"
-        cfg.write_text(yaml.safe_dump({
-            "watches": [{"path": str(home / "logs")}],
-            "default_rules": False, "rule_dirs": [str(rules)],
+        (home / "dumps").mkdir()
+        (home / "agent.yml").write_text(yaml.safe_dump({
+            "watches": [{"path": str(home / "logs")},
+                        {"path": str(home / "dumps"), "kind": "dump", "labels": {"run": RUN_A}}],
+            "default_rules": False, "rule_dirs": [str(rules)], "dump_settle": "0.5s",
             "limits": {"nice": 0, "io_idle": False}}))
-        port = free_port()
-        fleet.procs.append(Proc(f"agent-h{h:02d}", [
-            sys.executable, "-m", "precision_agent", "run", "--config", str(cfg), "--state", str(home / "state"),
-            "--listen", f"127.0.0.1:{port}"], fleet.root, env=env))
-        fleet.targets[h] = f"127.0.0.1:{port}"
+        _start_agent(fleet, h)
+
+
+def _agents_ready(fleet: Fleet) -> bool:
+    """All agents answer /-/ready; one that lost its port to another process (the free port was
+    taken between probe and bind) starts again on another."""
+    for h, proc in list(fleet.agents.items()):
+        if not proc.alive():
+            proc.stop()
+            if "Address already in use" not in proc.log_path.read_text(errors="replace") or fleet.restarts >= 5:
+                proc.check_alive()
+            fleet.restarts += 1
+            fleet.procs.remove(proc)
+            proc.log_path.rename(proc.log_path.with_suffix(f".{fleet.restarts}.log"))
+            _start_agent(fleet, h)
+    return all(is_ready(f"http://{t}/-/ready") for t in fleet.targets.values())
 
 
 @pytest.fixture(scope="module")
@@ -175,8 +209,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         for p in [_job(root, RUN_A, 1, 4), _job(root, RUN_B, 1, 4)]:
             _finish(p)
         _start_agents(f, _agent_rules(root / "agent-rules"))
-        sd = root / "targets.json"
-        sd.write_text(json.dumps([{"targets": [t], "labels": {"host": f"h{h:02d}"}} for h, t in f.targets.items()]))
         (root / "am").mkdir()
         f.am_url = stack.enter_context(running_alertmanager(_alertmanager_config(sink.port), root / "am"))
         prom_cfg = root / "prometheus.yml"
@@ -184,7 +216,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(_prom_rules(root / "alerts.yml"))],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f.am_url.split("//")[1]]}]}]},
-            "scrape_configs": [{"job_name": JOB, "file_sd_configs": [{"files": [str(sd)]}]}]}))
+            "scrape_configs": [{"job_name": JOB, "file_sd_configs": [{"files": [str(f.sd_file)]}]}]}))
         (root / "prom").mkdir()
         prom, port = start_listening("prometheus", lambda p: [
             prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={root / 'prom'}",
@@ -192,7 +224,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "--storage.tsdb.retention.time=1h", "--rules.alert.resend-delay=1s"], root)
         f.procs.append(prom)
         f.prom_url = f"http://127.0.0.1:{port}"
-        f.wait(lambda: all(is_ready(f"http://{t}/-/ready") for t in f.targets.values()), 60, "16 agents ready")
+        wait_until(lambda: _agents_ready(f), 60, f"{HOSTS} agents ready", on_timeout=f.logs)
         yield f
 
 
@@ -213,6 +245,9 @@ def test_one_page_per_incident_naming_the_origin_then_resolved(fleet: Fleet) -> 
     # both runs: one rank goes NaN at one step, every other rank two steps later; the jobs go on
     # logging NaN steps (each is a new hit of the agents' TrainingNonFinite) until stopped
     t_nan = time.monotonic()
+    origin_host = f.root / f"h{ORIGIN[RUN_A] // PER_HOST:02d}"
+    subprocess.run([sys.executable, str(JOB_SCRIPT), "dump", str(origin_host / "dumps"), "6", str(ORIGIN[RUN_A]),
+                    BAD_OP], check=True, timeout=60)   # gptA's origin rank dumped its step 6
     jobs = {run: _job(f.root, run, 5, 500, 0.6, {r: (6 if r == ORIGIN[run] else 8) for r in range(RANKS)})
             for run in (RUN_A, RUN_B)}
     f.jobs.extend(jobs.values())
@@ -235,8 +270,9 @@ def test_one_page_per_incident_naming_the_origin_then_resolved(fleet: Fleet) -> 
         assert page["receiver"] == "page" and page["groupLabels"] == {"job": JOB, "run": run}, page
         (alert,) = [a for a in page["alerts"] if a["status"] == "firing"]
         assert alert["labels"]["origin"] == "true" and alert["labels"]["severity"] == "page", alert
+        op = f", first bad op {BAD_OP}" if run == RUN_A else ""    # gptB has no dumps
         assert alert["annotations"]["summary"] == (
-            f"NaN/Inf started on {f.targets[ORIGIN[run] // PER_HOST]} rank {ORIGIN[run]} at step 6 (run {run})")
+            f"NaN/Inf started on {f.targets[ORIGIN[run] // PER_HOST]} rank {ORIGIN[run]} at step 6{op} (run {run})")
 
     # every rank's own TrainingNonFinite reached Alertmanager and is inhibited by the origin
     def copies(run: str) -> dict[str, set[str]]:
@@ -268,7 +304,8 @@ def test_one_page_per_incident_naming_the_origin_then_resolved(fleet: Fleet) -> 
     # by then every copy has resolved too, while still inhibited: nothing else was ever sent for
     # either run, and gptB's incident is still on
     assert len(f.notifications(RUN_A, "firing")) == 1 and len(f.notifications(RUN_B, "firing")) == 1, \
-        f.sink.received
+        json.dumps([(p["receiver"], p["status"], [(a["status"], a["labels"]) for a in p["alerts"]])
+                    for p in f.notifications(RUN_A) + f.notifications(RUN_B)], indent=1)
     assert not f.am_alerts(alertname="PrecisionAgentAlertFiring", agent_alertname="TrainingNonFinite", run=RUN_A)
     assert {a["labels"]["alertname"] for a in f.am_alerts(run=RUN_B, severity="page")
             if a["status"]["state"] == "active"} == {"TrainingNonFiniteOrigin"}
