@@ -1,10 +1,15 @@
 """docs/fleet.md's figures are bench/fleet.py's (as recorded in bench/README.md, section Fleet), and
-its fleet-wide numbers are computed from them: per host series x hosts, at the scrape interval."""
+its fleet-wide numbers are computed from them: per host series x hosts, at the scrape interval.
+Its Prometheus configurations pass `promtool check config`."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,3 +40,36 @@ def test_fleet_doc_uses_the_bench_figures() -> None:
     row = re.search(r"^\| samples/s at a 30 s scrape interval \| ([\d,]+) \([^)]*\) \| ([\d,]+) ", doc, re.M)
     for hosts, got in ((1_000, row.group(1)), (10_000, row.group(2))):
         assert abs(_num(got) - steady * hosts / 30) / (steady * hosts / 30) < 0.01, (hosts, got)
+
+
+def _yaml_blocks(text: str) -> list[str]:
+    return re.findall(r"^```yaml\n(.*?)^```", text, re.M | re.S)
+
+
+@pytest.mark.e2e
+def test_fleet_doc_prometheus_configs_pass_promtool(tmp_path: Path) -> None:
+    """The file_sd scrape config, the remote_write/HA settings and the federation job of
+    docs/fleet.md, put together with local stand-ins for their files, pass `promtool check config`
+    (Debian's Prometheus is built without Kubernetes discovery: that block is checked by eye)."""
+    from e2e_support import find_binary
+    blocks = [yaml.safe_load(b) for b in _yaml_blocks((REPO / "docs" / "fleet.md").read_text())]
+    base = next(b for b in blocks if isinstance(b, dict) and "scrape_configs" in b)
+    shard = next(b for b in blocks if isinstance(b, dict) and "remote_write" in b)
+    federate = next(b[0] for b in blocks if isinstance(b, list) and b[0].get("metrics_path") == "/federate")
+    for path in ("ca.crt", "pass"):
+        (tmp_path / path).write_text("x\n")
+    text = yaml.safe_dump(base)
+    for old, new in (("/etc/prometheus/precision-agent/alerts.yml", str(REPO / "exporters/prometheus/alerts.yml")),
+                     ("/etc/prometheus/precision-agent-ca.crt", str(tmp_path / "ca.crt")),
+                     ("/etc/prometheus/precision-agent.pass", str(tmp_path / "pass"))):
+        assert old in text, old
+        text = text.replace(old, new)
+    cfg = yaml.safe_load(text)
+    cfg["global"].update(shard["global"])
+    cfg["remote_write"] = shard["remote_write"]
+    cfg["alerting"].update(shard["alerting"])
+    cfg["scrape_configs"].append(federate)
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    res = subprocess.run([find_binary("promtool"), "check", "config", str(tmp_path / "prometheus.yml")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
