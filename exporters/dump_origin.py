@@ -16,7 +16,8 @@ A rank's record belongs to one attempt of the job, as the logs' first non-finite
 of the same rank at the same or a lower step, written after the recorded one, is a rerun (a
 restart from a checkpoint); if it is clean the record is dropped, if not it replaces the record.
 A re-scan of the recorded directory itself replaces or drops it likewise. A later step's dump
-never does: NaN spreads forward.
+never does: NaN spreads forward. The records are kept in memory: after an agent restart they
+are gone until a new dump is scanned (directories already scanned are not scanned again).
 """
 
 from __future__ import annotations
