@@ -3,4 +3,4 @@
 ``python -m bench`` (or ``make bench``) runs them all; see bench/README.md.
 """
 
-BENCHES = ("latency", "idle", "parse", "scan", "compare", "fuzz")
+BENCHES = ("latency", "idle", "parse", "scan", "compare", "fuzz", "fleet")

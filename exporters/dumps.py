@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from ..dumps.results import DumpBook
 from .metrics import P, label_keys, label_values
 
+
 class DumpCollector(Collector):
     def __init__(self, book: DumpBook) -> None:
         self.book = book
@@ -49,3 +50,21 @@ class DumpCollector(Collector):
             unm.add_metric(v, c["unmatched"])
             last.add_metric(v, c["last"])
         yield from (runs, div, pairs, diff, unm, last)
+        yield from origin_metrics(self.book.origins.snapshot())
+
+
+def origin_metrics(items: list) -> Iterator[Metric]:
+    """Each rank's first non-finite dump (agent/dumps/origins.py): one series per rank."""
+    keys = sorted(set(label_keys(k for k, _ in items)) | {"op"})
+    step = GaugeMetricFamily(P + "dump_first_nonfinite_step", "Step of this rank's first dump holding "
+                             "NaN/Inf (this attempt); label op: its first bad op. The lowest across the "
+                             "ranks of a run is where the incident started.", labels=keys)
+    when = GaugeMetricFamily(P + "dump_first_nonfinite_timestamp_seconds", "When that dump was written "
+                             "(its directory's newest modification time).", labels=keys)
+    for labels, f in items:
+        values = label_values(labels + (("op", f.op),), keys)
+        if f.step is not None:
+            step.add_metric(values, f.step)
+        when.add_metric(values, f.when)
+    yield step
+    yield when

@@ -90,6 +90,7 @@ class DumpFlow:
         for e in r.result["errors"]:
             self.health.error("scan", "%s: %s", e["path"], e["reason"])
         self.pipeline.process(labelled(r.samples, labels))
+        self.book.origins.observe(r.result, labels, r.unit, r.signature[2] / 1e9)
         try:
             self.store.record_scanned(r.unit, 0, 0, r.signature[1], r.signature[2] / 1e9,
                                       ",".join(map(str, r.signature)))

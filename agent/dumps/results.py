@@ -13,6 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..model import Labels
+from .origins import DumpOrigins
 
 MAX_LABEL_SETS = 512
 MAX_RESULTS = 16
@@ -24,6 +25,7 @@ class DumpBook:
         self._digests: OrderedDict[Labels, tuple[int, float, int]] = OrderedDict()   # -> step, value, tensors
         self._compares: OrderedDict[Labels, dict[str, float]] = OrderedDict()
         self._results: OrderedDict[str, dict[str, Any]] = OrderedDict()              # unit -> last result
+        self.origins = DumpOrigins()   # each rank's first non-finite dump (origins.py)
 
     @staticmethod
     def _put(d: OrderedDict, key: Any, value: Any, cap: int) -> None:

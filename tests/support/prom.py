@@ -100,6 +100,16 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: 
     raise AssertionError(msg)
 
 
+def wait_alive(procs: Sequence["Proc"], predicate: Callable[[], T], timeout: float, what: str,
+               on_timeout: Callable[[], str] | None = None) -> T:
+    """``wait_until`` that gives up at once when one of ``procs`` exited."""
+    def checked() -> T:
+        for p in procs:
+            p.check_alive()
+        return predicate()
+    return wait_until(checked, timeout, what, interval=0.25, on_timeout=on_timeout)
+
+
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
