@@ -1,7 +1,7 @@
 """The ``precision-agent`` command: run, replay, scan, compare, rules check/test, demo.
 
 Exit status: 0 success, 1 a check found problems (``scan``/``replay``: a finding at or above
-``--fail-on``; see clitools.py), 2 bad usage, bad configuration or unreadable input; 141 when
+``--fail-on``; see tools.py), 2 bad usage, bad configuration or unreadable input; 141 when
 stdout's reader went away (``| head``), without a traceback.
 """
 

@@ -1,7 +1,7 @@
 """What every one-shot command shares: the progress bar, the exit status of a report, and a
 quiet end when the reader of stdout goes away (``precision-agent scan ... | head``).
 
-Exit status of ``scan`` and ``replay`` (``compare`` has the same shape, see compare/cli.py):
+Exit status of ``scan`` and ``replay`` (``compare`` has the same shape, see compare.py):
 0 clean, 1 findings at or above ``--fail-on`` (default ``page``: the rules' page and critical
 findings; ``--fail-on info`` makes any finding count), 2 errors: bad usage, nothing readable,
 or unreadable files/lines when no finding reached ``--fail-on``.

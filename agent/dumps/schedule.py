@@ -33,12 +33,7 @@ from ..health import Cancelled, Heartbeat, bind
 from ..model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW, Labels, Sample, SourcePos, make_labels
 from .scan import scan_dump
 
-try:  # tensor-health watchpoints: a separate module, used as soon as it exists
-    from .watchpoints import tensor_samples
-except ModuleNotFoundError as exc:
-    if exc.name != f"{__package__}.watchpoints":
-        raise  # a module *it* imports is missing: a real error, not "not there yet"
-    tensor_samples = None
+from .watchpoints import tensor_samples
 
 log = logging.getLogger(__name__)
 MAX_UNIT_FILES = 100_000
@@ -193,8 +188,7 @@ def result_samples(result: dict[str, Any], labels: dict[str, str], source: str |
     out = _nonfinite_sample(result, labels, src, now)
     out += _overflow_samples(result, labels, src, now)
     out += _saturation_samples(result, labels, src, now)
-    if tensor_samples is not None:  # the one call site of the watchpoint kinds' samples
-        out += tensor_samples(result, labels)
+    out += tensor_samples(result, labels)   # the one call site of the watchpoint kinds' samples
     return out
 
 

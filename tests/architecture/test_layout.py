@@ -5,6 +5,7 @@ a readable size, and tests laid out like the package."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -75,7 +76,14 @@ def _imports(mod: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, 
     def visit(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _type_checking(child):
-                continue  # typing only
+                for other in child.orelse:   # the body is typing only; an else branch runs
+                    visit(ast.Module(body=[other], type_ignores=[]), top)
+                continue
+            if isinstance(child, ast.Constant) and isinstance(child.value, str) \
+                    and re.fullmatch(r"precision_agent(\.\w+)+", child.value):
+                # a module named for importlib (a kernel, a plug-in): a dependency all the same
+                name = child.value if child.value in modules else child.value.rsplit(".", 1)[0]
+                out.append((name, False, getattr(child, "lineno", 0)))
             if isinstance(child, ast.ImportFrom):
                 if child.level:
                     base = ".".join(pkg[:len(pkg) - (child.level - 1)] + ([child.module] if child.module else []))
@@ -173,3 +181,13 @@ def test_tests_mirror_the_package() -> None:
     assert not strays, f"test folders that mirror no package folder: {strays}"
     loose = sorted(p.name for p in (REPO / "tests").glob("test_*.py"))
     assert not loose, f"tests outside the stage folders: {loose}"
+
+
+def test_tests_share_helpers_through_support_only() -> None:
+    """A test module never imports another one (in its code or in a subprocess script it runs):
+    shared helpers live in tests/support/, so each test file runs alone."""
+    pattern = re.compile(r"^\s*(from test_\w+ import|import test_\w+)", re.M)
+    offenders = [f"{p.relative_to(REPO)}:{s.count(chr(10), 0, m.start()) + 1}"
+                 for p in (REPO / "tests").rglob("*.py") if p.parent.name != "architecture"
+                 for s in [p.read_text()] for m in pattern.finditer(s)]
+    assert not offenders, f"test modules importing test modules (move the helper to tests/support/): {offenders}"

@@ -82,7 +82,7 @@ def test_a_truncated_dump_json_hides_nothing_else(tmp_path):
 
 
 def test_opdebug_trees_levels_down_next_to_other_dumps(tmp_path):
-    from test_opdebug_scan import _two_ranks_two_steps
+    from support.dumps import opdebug_two_ranks_two_steps as _two_ranks_two_steps
     _two_ranks_two_steps(tmp_path / "cluster" / "node3" / "npu")            # GE dump trees with Opdebug files
     _nan_net(tmp_path / "cluster" / "node3" / "gpu")                        # and an msprobe run beside them
     rc, r = scan_json(tmp_path)

@@ -24,96 +24,10 @@ from precision_agent.dumps.msprobe import list_msprobe_dump, read_msprobe_rank_d
 from precision_agent.dumps.npy import read_npy, read_npz
 from precision_agent.dumps.torchzip import read_pt
 from precision_agent.dumps.types import DumpError, DumpTensor
+from support.torchpt import _u, tensor_pickle, write_pt, write_pt_raw
+from support.torchpt import write_msprobe_pt as write_msprobe
 
 # ----------------------------------------------------------------------------- writers
-
-_STORAGE = {"float32": "FloatStorage", "float16": "HalfStorage", "float64": "DoubleStorage",
-            "int64": "LongStorage", "bool": "BoolStorage", "bfloat16": "BFloat16Storage"}
-
-
-def _u(s: str) -> bytes:
-    b = s.encode()
-    return b"X" + struct.pack("<I", len(b)) + b
-
-
-def _i(v: int) -> bytes:
-    return b"J" + struct.pack("<i", v)
-
-
-def _tup(vals) -> bytes:
-    return b"(" + b"".join(_i(v) for v in vals) + b"t"
-
-
-def tensor_pickle(storage: str, numel: int, size, stride, offset: int = 0, key: str = "0") -> bytes:
-    """data.pkl exactly as torch.save writes it for one tensor (protocol 2, see the corpus)."""
-    return (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n((" + _u("storage")
-            + f"ctorch\n{storage}\n".encode() + _u(key) + _u("cpu") + _i(numel) + b"tQ"
-            + _i(offset) + _tup(size) + _tup(stride) + b"\x89ccollections\nOrderedDict\n)Rt" + b"R.")
-
-
-def write_pt_raw(path: Path, pkl: bytes, storage_bytes: bytes | None = b"",
-                 compress: int = zipfile.ZIP_STORED) -> Path:
-    stem = path.name.removesuffix(".pt")
-    with zipfile.ZipFile(path, "w", compression=compress) as z:
-        z.writestr(f"{stem}/data.pkl", pkl)
-        z.writestr(f"{stem}/.format_version", "1")
-        z.writestr(f"{stem}/.storage_alignment", "64")
-        z.writestr(f"{stem}/byteorder", "little")
-        if storage_bytes is not None:
-            z.writestr(f"{stem}/data/0", storage_bytes)
-        z.writestr(f"{stem}/version", "3\n")
-    return path
-
-
-def write_pt(path: Path, arr: np.ndarray, dtype: str | None = None, transpose: bool = False) -> Path:
-    """torch.save of ``arr`` (bf16: pass uint16 words and dtype="bfloat16"). ``transpose`` stores
-    arr.T's storage and describes ``arr`` as a strided view of it."""
-    dtype = dtype or arr.dtype.name
-    if transpose:
-        base = np.ascontiguousarray(arr.T)
-        stride = tuple(reversed([s // arr.itemsize for s in base.strides]))
-        raw = base.tobytes()
-    else:
-        c = arr.copy(order="C")
-        raw = c.tobytes()
-        stride = tuple(s // arr.itemsize for s in c.strides)
-    pkl = tensor_pickle(_STORAGE[dtype], arr.size, arr.shape, stride)
-    return write_pt_raw(path, pkl, raw)
-
-
-def item(arr: np.ndarray, data_name: str | None) -> dict:
-    a = arr.astype(np.float64)
-    d = {"type": "torch.Tensor", "dtype": f"torch.{arr.dtype.name}", "shape": list(arr.shape),
-         "Max": float(a.max()), "Min": float(a.min()), "Mean": float(a.mean()),
-         "Norm": float(np.sqrt((a * a).sum())), "requires_grad": False}
-    if data_name:
-        d["data_name"] = data_name
-    return d
-
-
-def write_msprobe(rank_dir: Path, entries: dict, tensor_mode: bool = True) -> Path:
-    """entries: {key: {slot: [array | None | {"type":..,"value":..}]}} -> a dump dir."""
-    data_dir = rank_dir / "dump_tensor_data"
-    data_dir.mkdir(parents=True)
-    data = {}
-    for key, slots in entries.items():
-        data[key] = {}
-        for slot, values in slots.items():
-            out = []
-            for i, v in enumerate(values):
-                if isinstance(v, np.ndarray):
-                    io_ = "input" if slot.startswith("input") else "output"
-                    name = f"{key}.{io_}.{i}.pt" if tensor_mode else None
-                    if name:
-                        write_pt(data_dir / name, v)
-                    out.append(item(v, name))
-                else:
-                    out.append(v)
-            data[key][slot] = out
-    doc = {"task": "tensor" if tensor_mode else "statistics", "level": "L1",
-           "framework": "pytorch", "dump_data_dir": None, "data": data}
-    (rank_dir / "dump.json").write_text(json.dumps(doc))  # writes bare Infinity/NaN like msprobe
-    return rank_dir
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -25,7 +25,8 @@ import pytest
 
 from support.agent import AgentProcess
 from conftest import wait_for
-from test_dump_readers import tensor_pickle, write_msprobe
+from support.torchpt import tensor_pickle
+from support.torchpt import write_msprobe_pt as write_msprobe
 
 from precision_agent.dumps.npy import read_npz
 from precision_agent.dumps.scan import scan_dump

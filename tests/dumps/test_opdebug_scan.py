@@ -18,6 +18,7 @@ from precision_agent.dumps.scan import scan_dump
 from precision_agent.dumps.schedule import result_samples
 from precision_agent.model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW
 from precision_agent.engine.rulefile import load_rules
+from support.dumps import opdebug_two_ranks_two_steps as _two_ranks_two_steps
 
 TS = 1_709_294_400_000_000
 ONE = np.ones((2, 3), np.float16)
@@ -40,26 +41,6 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 ])
 def test_dump_dir_location(path, expected):
     assert dump_dir_location(path) == expected
-
-
-def _two_ranks_two_steps(root):
-    """Device 0: step 0 clean, step 1 Add overflows (Inf from finite inputs); device 1: step 1
-    clean. Opdebug files in device 0 step 1 name the Add (AI Core) and a Cast (DHA atomic add)."""
-    for dev in (0, 1):
-        for step in (0, 1):
-            bad = dev == 0 and step == 1
-            W.write_ops(W.ge_step_dir(str(root), dev, step), [
-                ("MatMul", "mm", 10, [ONE, ONE], [ONE]),
-                ("Add", "add", 11, [ONE], [INF if bad else ONE]),
-                ("Cast", "cast", 12, [INF if bad else ONE], [ONE]),
-            ], TS + 1000 * step)
-    d = W.ge_step_dir(str(root), 0, 1)
-    # the later overflow sorts first by name ("10" < "9") and must come second
-    W.write_opdebug(f"{d}/{W.opdebug_name(10, 0, TS + 1000 + 50)}", W.old_record(
-        {"DHA Atomic Add": {"stream_id": 0, "task_id": 12, "status": 0x0A00}}))
-    W.write_opdebug(f"{d}/{W.opdebug_name(9, 0, TS + 1000 + 5)}", W.new_record(
-        0, [1, 0, 11, 0, 65535, 65535, 0, 0, 0, 0], [0x20]))
-    return d
 
 
 def test_cann_tree_steps_ranks_and_overflows(tmp_path):

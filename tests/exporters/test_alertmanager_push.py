@@ -379,8 +379,8 @@ def test_daemon_pushes_fusion_suspected_from_a_dump_watch(am: tuple[str, Webhook
         sys.executable, "-m", "precision_agent", "run", "--listen", f"127.0.0.1:{p}",
         "--state", str(tmp_path / "state"), "--config", str(cfg)], tmp_path)
     try:
-        from test_fusion_suspect import WRITER
-        subprocess.run([sys.executable, "-c", WRITER, str(tmp_path / "dumps"), str(Path(__file__).resolve().parents[1] / "fusion")],
+        from support.fusion import WRITER
+        subprocess.run([sys.executable, "-c", WRITER, str(tmp_path / "dumps"), str(Path(__file__).resolve().parents[1])],
                        check=True, timeout=60)
         got = wait_for(lambda: [a for a in _am_alerts(url, "r-fusion") if a["labels"]["alertname"] == "FusionSuspected"],
                        30, what="FusionSuspected in Alertmanager")

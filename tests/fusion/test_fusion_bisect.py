@@ -7,8 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -16,20 +14,7 @@ from conftest import corpus_path
 from precision_agent.fusion.bisect import (BisectError, BisectSession, dump_session, parse_session)
 from precision_agent.fusion.report import merge, parse_report_text
 from precision_agent.fusion.switch import SwitchError, parse_switch, switch_off
-
-
-def cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precision_agent", "fusion", *map(str, args)],
-                          capture_output=True, text=True, timeout=60)
-
-
-def report_text(n: int, ub_every: int = 3) -> str:
-    """A fusion report with n effective passes (every ub_every-th a UB pass) and two matched-only ones."""
-    graph = {f"G{i:03d}FusionPass": {"effect_times": "2", "match_times": "3"} for i in range(n) if i % ub_every}
-    ub = {f"U{i:03d}FusionPass": {"effect_times": "1", "match_times": "1"} for i in range(n) if not i % ub_every}
-    graph["NeverFusionPass"] = {"effect_times": "0", "match_times": "5"}
-    ub["NeverUbFusionPass"] = {"effect_times": "0", "match_times": "1"}
-    return json.dumps({"graph_fusion": graph, "session_and_graph_id": "0_0", "ub_fusion": ub})
+from support.fusion import cli, report_text
 
 
 @functools.lru_cache(maxsize=4)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_fusion_bisect import cli, report_text
+from support.fusion import cli, report_text
 
 TRAIN = r"""
 import json, math, random, sys

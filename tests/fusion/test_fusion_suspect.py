@@ -13,43 +13,9 @@ import pytest
 
 from conftest import corpus_path
 from precision_agent.fusion.suspect import CatalogueError, catalogue, fused_api, suspect
-
-
-def write_msprobe(root, calls: list[tuple[str, list[np.ndarray], list[np.ndarray]]], step: int = 0) -> None:
-    """``step<N>/rank0/dump.json`` + ``dump_tensor_data/*.npy`` for calls (name, inputs, outputs)."""
-    d = root / f"step{step}" / "rank0"
-    (d / "dump_tensor_data").mkdir(parents=True)
-    data = {}
-    for name, ins, outs in calls:
-        entry = {}
-        for slot, arrays, io in (("input_args", ins, "input"), ("output", outs, "output")):
-            items = []
-            for i, a in enumerate(arrays):
-                fname = f"{name}.{io}.{i}.npy"
-                np.save(d / "dump_tensor_data" / fname, a)
-                with np.errstate(invalid="ignore"):
-                    items.append({"type": "torch.Tensor", "dtype": "torch.float32", "shape": list(a.shape),
-                                  "Max": float(np.max(a)), "Min": float(np.min(a)), "Mean": float(np.mean(a)),
-                                  "Norm": float(np.linalg.norm(a)), "requires_grad": False, "data_name": fname})
-            entry[slot] = items
-        data[name] = entry
-    (d / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "framework": "pytorch",
-                                             "dump_data_dir": str(d / "dump_tensor_data"), "data": data}))
-
-
-def run_of(fault: str | None) -> list:
-    rnd = np.random.default_rng(5)
-    x = rnd.standard_normal((2, 8, 16)).astype(np.float32)
-    q = x @ rnd.standard_normal((16, 16)).astype(np.float32)
-    att = q.copy()
-    if fault == "nan":
-        att[0, 3, 5] = np.nan
-    elif fault == "drift":
-        att = att * np.float32(1.01)
-    out = att @ rnd.standard_normal((16, 16)).astype(np.float32)
-    return [("Functional.linear.0.forward", [x], [q]),
-            ("NPU.npu_fusion_attention.0.forward", [q, q, q], [att]),
-            ("Functional.linear.1.forward", [att], [out])]
+from support.fusion import WRITER
+from support.fusion import attention_calls as run_of
+from support.fusion import write_msprobe_calls as write_msprobe
 
 
 def cli(*args):
@@ -130,15 +96,6 @@ def test_a_graph_op_made_by_a_pass_names_the_pass_and_its_switch_file():
     assert s["switch_cfg"] == {"Switch": {"GraphFusion": {"ConstToAttrStridedSliceV2Fusion": "off"}, "UBFusion": {}}}
 
 
-WRITER = r"""
-import sys
-from pathlib import Path
-sys.path[:0] = [sys.argv[2], str(Path(sys.argv[2]).parent)]  # the test's folder and tests/ (conftest)
-from test_fusion_suspect import run_of, write_msprobe
-write_msprobe(Path(sys.argv[1]), run_of("nan"), step=3)
-"""
-
-
 def test_the_daemon_fires_fusion_suspected_from_a_dump_watch(tmp_path):
     """Dump watch -> scan -> first bad op inside npu_fusion_attention -> FusionSuspected on /metrics,
     with the API and how to run it unfused in the alert."""
@@ -152,7 +109,7 @@ def test_the_daemon_fires_fusion_suspected_from_a_dump_watch(tmp_path):
     agent = AgentProcess(tmp_path / "nolog", tmp_path / "state", "--config", str(cfg),
                          "--watch", f"dump:{dumps}").start()
     try:
-        subprocess.run([sys.executable, "-c", WRITER, str(dumps), str(Path(__file__).resolve().parent)], check=True, timeout=60)
+        subprocess.run([sys.executable, "-c", WRITER, str(dumps), str(Path(__file__).resolve().parents[1])], check=True, timeout=60)
         op = "NPU.npu_fusion_attention.0.forward"
         wait_for(lambda: agent.metric("precision_agent_alerts", alertname="FusionSuspected", alertstate="firing",
                                       op=op, severity="ticket"), timeout=30, what="FusionSuspected firing")

@@ -1,7 +1,7 @@
 """Fuzz target of the HTTP listener: hostile requests against a running agent on 127.0.0.1.
 
 Unlike the other targets this one needs the real daemon (its port and pid); the caller starts it
-(tests: tests/agentproc.py, bench: bench/common.py). Each case opens one connection, sends a
+(tests: tests/support/agent.py, bench: bench/common.py). Each case opens one connection, sends a
 generated request (bad methods, paths, versions, headers, bodies, line endings, pipelining), half-
 closes and reads what comes back. A case fails when the agent dies, refuses connections, answers
 something that is not HTTP/1.x, answers 500 (a handler raised), or when ``/-/ready`` stops

@@ -15,7 +15,7 @@ from precision_agent import kernels
 from precision_agent.kernels import scan_c
 from precision_agent.kernels.scan_numpy import Acc, Scratch
 from precision_agent.dumps.scanner import FP16_MAX, scan_array
-from test_scanner import F32_TOL, F64_TOL, check, reference
+from support.numerics import F32_TOL, F64_TOL, check, reference
 
 if not kernels.built("scan"):
     assert os.environ.get("CI") != "true", "CI builds the scan kernel: precision_agent.kernels._scan must import"

@@ -297,3 +297,28 @@ def ge_text(graphs: list[tuple[str, list[dict]]], model: str = "ge_default_model
             lines.append("  }\n")
         lines.append("}\n")
     return "".join(lines)
+
+
+OPDEBUG_TS = 1_709_294_400_000_000   # a CANN dump timestamp (µs)
+ONE = np.ones((2, 3), np.float16)
+INF = np.array([1.0, np.inf, 2.0], np.float16)
+
+
+def opdebug_two_ranks_two_steps(root):
+    """Device 0: step 0 clean, step 1 Add overflows (Inf from finite inputs); device 1: step 1
+    clean. Opdebug files in device 0 step 1 name the Add (AI Core) and a Cast (DHA atomic add)."""
+    for dev in (0, 1):
+        for step in (0, 1):
+            bad = dev == 0 and step == 1
+            write_ops(ge_step_dir(str(root), dev, step), [
+                ("MatMul", "mm", 10, [ONE, ONE], [ONE]),
+                ("Add", "add", 11, [ONE], [INF if bad else ONE]),
+                ("Cast", "cast", 12, [INF if bad else ONE], [ONE]),
+            ], OPDEBUG_TS + 1000 * step)
+    d = ge_step_dir(str(root), 0, 1)
+    # the later overflow sorts first by name ("10" < "9") and must come second
+    write_opdebug(f"{d}/{opdebug_name(10, 0, OPDEBUG_TS + 1000 + 50)}", old_record(
+        {"DHA Atomic Add": {"stream_id": 0, "task_id": 12, "status": 0x0A00}}))
+    write_opdebug(f"{d}/{opdebug_name(9, 0, OPDEBUG_TS + 1000 + 5)}", new_record(
+        0, [1, 0, 11, 0, 65535, 65535, 0, 0, 0, 0], [0x20]))
+    return d

@@ -285,7 +285,7 @@ def append_megatron(path: Path, first: int, scales: Sequence[float], total: int 
 
 if __name__ == "__main__":
     # The "training job" of the e2e test runs as its own process:
-    #   python e2e_support.py LOGFILE FIRST_ITERATION SCALE[,SCALE...] [PAUSE_S]
+    #   python prom.py LOGFILE FIRST_ITERATION SCALE[,SCALE...] [PAUSE_S]
     import sys
     args = sys.argv[1:]
     append_megatron(Path(args[0]), int(args[1]), [float(s) for s in args[2].split(",")],
