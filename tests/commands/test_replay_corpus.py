@@ -1,13 +1,13 @@
 """`replay --json` on the real Megatron and DeepSpeed logs of ../shared/corpus/logs agrees with
 INDEX.md: loss-scale first/min/last, observed decreases, overflow steps, no NaN where none."""
 
-import json
 import subprocess
 import sys
 
 import pytest
 
 from conftest import corpus_path
+from support.commands import replay_json
 
 # file: (first, min, last, decreases, overflow_steps) as stated in corpus/logs/INDEX.md
 EXPECTED = {
@@ -23,15 +23,6 @@ EXPECTED = {
     "deepspeed_4.log": (16384.0, 8192.0, 8192.0, 2, 3),
     "deepspeed_5.log": (8192.0, 4096.0, 4096.0, 4, 4),
 }
-
-
-def replay_json(path):
-    proc = subprocess.run([sys.executable, "-m", "precision_agent", "replay", "--json", str(path)],
-                          capture_output=True, text=True, timeout=120)
-    r = json.loads(proc.stdout)
-    paging = any(f["severity"] in ("page", "critical") for f in r["findings"])
-    assert proc.returncode == (1 if paging else 0), proc.stderr   # README: 1 = a page/critical finding
-    return r
 
 
 @pytest.mark.corpus

@@ -5,11 +5,8 @@ compare the spikes with INDEX.md."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -21,6 +18,7 @@ from precision_agent.model import (EVAL_LOSS, GRAD_NORM, LOSS, LOSS_SCALE, OVERF
                                    Sample, SourcePos)
 from precision_agent.engine.pipeline import Pipeline
 from precision_agent.engine.rulefile import default_rules_dir, load_rule_file, load_rules
+from support.commands import replay_json
 
 RUN = (("run", "r1"),)
 
@@ -651,15 +649,6 @@ CORPUS_FILES = ["apex_1.log", "ascend_npu_3.log", "deepspeed_1.log", "deepspeed_
                 "hf_trainer_2.log", "hf_trainer_3.log", "hf_trainer_4.log", "hf_trainer_5.log", "megatron_1.log",
                 "megatron_2.log", "megatron_3.log", "megatron_4.log", "megatron_5.log", "megatron_6.log",
                 "mindspore_1.log", "mindspore_4.log", "torchtitan_1.log"]
-
-
-def replay_json(path):
-    proc = subprocess.run([sys.executable, "-m", "precision_agent", "replay", "--json", str(path)],
-                          capture_output=True, text=True, timeout=120)
-    r = json.loads(proc.stdout)
-    paging = any(f["severity"] in ("page", "critical") for f in r["findings"])
-    assert proc.returncode == (1 if paging else 0), proc.stderr   # README: 1 = a page/critical finding
-    return r
 
 
 @pytest.mark.corpus

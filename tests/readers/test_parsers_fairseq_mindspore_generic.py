@@ -1,10 +1,7 @@
 """fairseq, MindSpore family, Ascend TF, user-print, JSON-lines and user-regex parsers: the traps
 each producer's real logs hold, then `replay --json` on the real corpus files against INDEX.md."""
 
-import json
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +15,7 @@ from precision_agent.readers.parsers.fairseq import FairseqParser
 from precision_agent.readers.parsers.jsonl import JsonLinesParser
 from precision_agent.readers.parsers.mindspore import MindSporeParser
 from precision_agent.readers.parsers.user_print import UserPrintParser
+from support.commands import replay_json
 
 
 def run(parser, text):
@@ -347,13 +345,6 @@ def test_regex_parser_is_not_a_registered_format():
 
 
 # --- the real corpus through `replay --json` ----------------------------------------------------------------
-def replay_json(path):
-    proc = subprocess.run([sys.executable, "-m", "precision_agent", "replay", "--json", str(path)],
-                          capture_output=True, text=True, timeout=120)
-    r = json.loads(proc.stdout)
-    paging = any(f["severity"] in ("page", "critical") for f in r["findings"])
-    assert proc.returncode == (1 if paging else 0), proc.stderr   # README: 1 = a page/critical finding
-    return r
 
 
 # file: format, (first, min, last, decreases) or None, overflow_steps, as stated in corpus/logs/INDEX.md

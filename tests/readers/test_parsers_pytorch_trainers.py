@@ -2,10 +2,7 @@
 DLLogger and TF Estimator: synthetic lines for each trap, and `replay --json` on the real corpus
 logs of these producers checked against corpus/logs/INDEX.md."""
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +20,7 @@ from precision_agent.readers.parsers.mmengine import MMEngineParser
 from precision_agent.readers.parsers.nanogpt import NanoGPTParser
 from precision_agent.readers.parsers.tf_estimator import TFEstimatorParser
 from precision_agent.readers.parsers.torchtitan import TorchtitanParser
+from support.commands import replay_json
 
 BAR = "    65%|██████▍   | 771/1188 [06:41<00:56,  7.41it/s]"
 
@@ -271,13 +269,6 @@ def test_tf_estimator_divergence_and_loss_lines():
 
 
 # -- the real corpus through `replay --json` -------------------------------------------------------------
-def replay_json(path):
-    proc = subprocess.run([sys.executable, "-m", "precision_agent", "replay", "--json", str(path)],
-                          capture_output=True, text=True, timeout=120)
-    r = json.loads(proc.stdout)
-    paging = any(f["severity"] in ("page", "critical") for f in r["findings"])
-    assert proc.returncode == (1 if paging else 0), proc.stderr   # README: 1 = a page/critical finding
-    return r
 
 
 # file: (format, loss scale (first, min, last, decreases) or None, overflow steps,
