@@ -10,7 +10,7 @@
 - the PrometheusRule's groups are exactly exporters/prometheus/alerts.yml's.
 
 Schemas vendored in tests/exporters/k8s_schemas/ (README there: sources, versions, licences).
-``python tests/test_kubernetes_manifests.py --write`` regenerates prometheusrule.yaml from alerts.yml.
+``python tests/exporters/test_kubernetes_manifests.py --write`` regenerates prometheusrule.yaml from alerts.yml.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ ALERTS = REPO / "exporters" / "prometheus" / "alerts.yml"
 RULE_HEADER = """\
 # Prometheus Operator: the shipped Prometheus rules (exporters/prometheus/alerts.yml), as a
 # PrometheusRule. Generated: spec.groups is exactly alerts.yml's groups (a test checks it);
-# after changing alerts.yml run  python tests/test_kubernetes_manifests.py --write
+# after changing alerts.yml run  python tests/exporters/test_kubernetes_manifests.py --write
 # The Prometheus resource must select it (ruleSelector): `release: prometheus` is what
 # kube-prometheus-stack selects by default; change it to yours.
 """
@@ -168,7 +168,7 @@ def test_prometheusrule_groups_are_exactly_alerts_yml() -> None:
     pr = _one("prometheusrule.yaml", "PrometheusRule")
     assert pr["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"], (
         "exporters/kubernetes/prometheusrule.yaml differs from alerts.yml: "
-        "python tests/test_kubernetes_manifests.py --write")
+        "python tests/exporters/test_kubernetes_manifests.py --write")
     assert pr == _prometheusrule()
 
 
@@ -185,5 +185,5 @@ def _write() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/test_kubernetes_manifests.py --write")
+        sys.exit("usage: python tests/exporters/test_kubernetes_manifests.py --write")
     _write()

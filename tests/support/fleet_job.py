@@ -1,4 +1,4 @@
-"""The simulated multi-host training job of tests/test_fleet.py, run as its own process.
+"""The simulated multi-host training job of tests/e2e/test_fleet.py, run as its own process.
 
     python fleet_job.py ROOT RUN HOSTS RANKS_PER_HOST FIRST LAST PAUSE [RANK=NAN_STEP ...]
     python fleet_job.py dump DIR STEP RANK OP
