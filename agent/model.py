@@ -40,6 +40,8 @@ TRAINING_METRICS = (LOSS, EVAL_LOSS, GRAD_NORM, LOSS_SCALE, LEARNING_RATE)
 
 Labels = tuple[tuple[str, str], ...]
 
+SEVERITIES = ("info", "warning", "ticket", "page", "critical")   # of rules and findings, lowest first
+
 # Rank copies of one message (every rank prints the same overflow line) carry log times this close;
 # records further apart are separate events, even when they look the same.
 DUP_WINDOW_S = 0.5

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..config.rules import SEVERITIES  # ordered, lowest first
+from ..model import SEVERITIES  # ordered, lowest first
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERRORS = 0, 1, 2
 EXIT_PIPE = 141                  # 128 + SIGPIPE: what a shell reports for `yes | head`

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from ..model import SEVERITIES
 from .base import Duration, Strict, check_labels
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -15,7 +16,6 @@ TEMPLATE_RE = re.compile(r"\{\{\s*\$([A-Za-z_]+)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\
 _TEMPLATE_ROOTS = {"labels": True, "params": True, "evidence": True,
                    "value": False, "step": False, "file": False, "line": False, "alertname": False,
                    "runbook_base": False}
-SEVERITIES = ("info", "warning", "ticket", "page", "critical")
 
 
 class Match(Strict):
