@@ -220,10 +220,11 @@ def report(res: dict[str, Any]) -> str:
             lines.append(f"    {o['op']:48s} {o['ns_per_element']:8.3f} {o['per_pair']:10g} {o['ns_per_pair']:8.3f}")
         total = sum(o["ns_per_pair"] for o in res["ops"])
         mem = 2 * res["cpu_s"]["sum"] / p["elements"] * 1e9
-        measured = res["cpu_s"]["different"] / p["elements"] * 1e9
+        # the passes above are the numpy kernels': compare them with the numpy path's own time
+        measured = res["cpu_s"].get("different_numpy", res["cpu_s"]["different"]) / p["elements"] * 1e9
         lines.append(f"    {'passes in cache, total':48s} {'':8s} {'':10s} {total:8.3f}")
         lines.append(f"    {'+ two reads of both arrays (2 x sum time)':48s} {'':8s} {'':10s} {mem:8.3f}")
-        lines.append(f"    {'measured (CPU), the rest is Python and misses':48s} {'':8s} {'':10s} {measured:8.3f}")
+        lines.append(f"    {'measured, numpy kernels (CPU)':48s} {'':8s} {'':10s} {measured:8.3f}")
     return "\n".join(lines)
 
 

@@ -2,7 +2,7 @@
 
 Every target of ``tests/fuzzing/test_fuzz.py`` (each log parser's line shapes, the run-wide hints, the
 reader, every dump reader and the protobuf decoder, rule / config / `rules test` files) gets
-``scale`` times its ``make test`` number of cases (default 20: ~220,000 cases) under each of
+``scale`` times its ``make test`` number of cases (default 20: 240,000 cases) under each of
 ``seeds`` seeds, within a time budget (default 10 minutes, shared by the targets in proportion to
 their plan; ``--minutes 0``: none, ~50 minutes on two cores; ``--quick``: 0.2x, no budget) (other seeds
 than the suite's 14, so a bench run explores new cases), with inputs up to ``text_max``
