@@ -169,7 +169,7 @@ def _dump_inputs(t: RuleTest, base: Path, errors: list[str]) -> list[tuple[int, 
     if not t.dumps:
         return []
     from ..dumps.scan import scan_dump
-    from ..dumps.schedule import labelled, result_samples
+    from ..dumps.samples import labelled, result_samples
     out: list[tuple[int, int, Any]] = []
     for d in t.dumps:
         result = scan_dump(base / d.path, d.step)

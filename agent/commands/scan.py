@@ -23,7 +23,7 @@ def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | No
     """Judge a scan result with ``rules`` exactly as the daemon does: the same samples, the
     same detectors, a fresh pipeline."""
     from ..engine.pipeline import Pipeline
-    from ..dumps.schedule import result_samples
+    from ..dumps.samples import result_samples
     pipeline = Pipeline(rules.fresh(), max_series=1 << 16, keep_findings=100_000)
     pipeline.process(result_samples(result, labels or {}))
     out = []

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import CompareSpec
-from ..dumps.schedule import AfterScan, RankDigest, fusion_attrs, signature
+from ..dumps.samples import fusion_attrs
+from ..dumps.schedule import AfterScan, RankDigest, signature
 from ..model import DUMP_DIVERGENCE, DUMP_NONDETERMINISM, Sample, SourcePos, json_safe, make_labels
 from .digest import step_digests
 from .engine import compare_sides

@@ -17,7 +17,8 @@ from pathlib import Path
 from ..compare.live import DumpWork, after_scan, compare_sample
 from ..config import Config, Watch
 from ..dumps.results import DumpBook
-from ..dumps.schedule import AfterScan, DumpScheduler, ScanResult, labelled
+from ..dumps.samples import labelled
+from ..dumps.schedule import AfterScan, DumpScheduler, ScanResult
 from ..dumps.types import LIMITS
 from ..engine.pipeline import Pipeline
 from .fusionfiles import FusionPickup, watch_places

@@ -11,7 +11,7 @@ into overflow records matched to the overflowing op's own dump file. A file that
 is reported with its reason; the scan goes on.
 
 :func:`scan_dump` is the raw result (the daemon's scan thread); :func:`scan` adds ``findings``
-by feeding :func:`.schedule.result_samples` -- the daemon's own samples -- to a ``Pipeline``.
+by feeding :func:`.samples.result_samples` -- the daemon's own samples -- to a ``Pipeline``.
 """
 
 from __future__ import annotations

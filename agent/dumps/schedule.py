@@ -16,7 +16,6 @@ other trees (at most ``MAX_STUCK`` stuck threads are left behind).
 
 from __future__ import annotations
 
-import json
 
 import logging
 import os
@@ -30,10 +29,10 @@ from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
 from ..health import Cancelled, Heartbeat, bind
-from ..model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW, Labels, Sample, SourcePos, make_labels
 from .scan import scan_dump
 
-from .watchpoints import tensor_samples
+from ..model import Sample
+from .samples import result_samples
 
 log = logging.getLogger(__name__)
 MAX_UNIT_FILES = 100_000
@@ -94,102 +93,6 @@ class ScanResult:
     # data (weight sketches), which must not hold up the daemon's main worker
     samples: list[Sample] = field(default_factory=list)
     after: AfterScan = field(default_factory=AfterScan)   # comparison and digests
-
-
-def labelled(samples: list[Sample], labels: dict[str, str]) -> list[Sample]:
-    """The scan thread's samples under a watch's labels (a sample's own, e.g. rank, win)."""
-    if labels:
-        for s in samples:
-            s.labels = make_labels({**labels, **dict(s.labels)})
-    return samples
-
-
-MAX_OPS_PER_STEP = 16  # overflow / saturation samples per (step, rank): bounds the op labels
-
-
-def _located(labels: dict[str, str], rank: Any) -> Labels:
-    return make_labels(labels, rank=str(rank)) if rank is not None else make_labels(labels)
-
-
-def fusion_attrs(found: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
-    """A fusion suspect (agent/fusion/suspect.py) as sample attributes, for the fusion_suspect kind."""
-    if not found or not found.get("kind"):
-        return ()
-    return (("fusion_kind", found["kind"]), ("fusion_api", found.get("api")),
-            ("fusion_passes", tuple(found.get("passes") or ())), ("fusion_advice", found.get("advice") or ""),
-            ("fusion_switch_cfg", json.dumps(found["switch_cfg"]) if found.get("switch_cfg") else None),
-            ("fusion_fused_ops", tuple(found.get("fused_ops") or ())))
-
-
-def _nonfinite_sample(result: dict[str, Any], labels: dict[str, str], src: SourcePos, now: float,
-                      ) -> list[Sample]:
-    first = result.get("first_nonfinite")
-    if first is None:
-        return []
-    bad = next((t for t in result["tensors"] if t["name"] == first["op"] and t["step"] == first["step"]
-                and t["rank"] == first["rank"] and f"{t['io']}[{t['index']}]" == first["tensor"]), {})
-    nonfinite = (bad.get("nan") or 0) + (bad.get("pos_inf") or 0) + (bad.get("neg_inf") or 0)
-    attrs = (("op", first["op"]), ("tensor", first["tensor"]), ("rank", first["rank"]), ("nonfinite", nonfinite),
-             ("dtype", bad.get("dtype")), ("max", bad.get("max")), ("min", bad.get("min")),
-             *fusion_attrs(result.get("fusion_suspect")))
-    return [Sample(_located(labels, first["rank"]), DUMP_NONFINITE, float(nonfinite), first["step"], src, now,
-                   None, attrs)]
-
-
-def _overflow_samples(result: dict[str, Any], labels: dict[str, str], src: SourcePos, now: float,
-                      ) -> list[Sample]:
-    """One sample per overflowing op, earliest debug file first, at most MAX_OPS_PER_STEP
-    distinct ops per (step, rank)."""
-    seen: dict[tuple, set[str]] = {}
-    out = []
-    for o in result.get("overflows") or []:
-        op = o["op"] or f"task{o['task_id']}_stream{o['stream_id']}"  # its dump file is missing
-        ops = seen.setdefault((o["step"], o["rank"]), set())
-        if op in ops or len(ops) >= MAX_OPS_PER_STEP:
-            continue
-        ops.add(op)
-        attrs = (("op", op), ("op_type", o["op_type"]), ("accelerator", o["accelerator"]),
-                 ("status", o["status"]), ("status_code", hex(o["status_code"])), ("task_id", o["task_id"]),
-                 ("stream_id", o["stream_id"]), ("rank", o["rank"]), ("debug_file", o["debug_file"]),
-                 ("dump_file", o["file"]))
-        out.append(Sample(_located(labels, o["rank"]), DUMP_OVERFLOW, 1.0, o["step"], src, now, None, attrs))
-    return out
-
-
-def _saturation_samples(result: dict[str, Any], labels: dict[str, str], src: SourcePos, now: float,
-                        ) -> list[Sample]:
-    """One sample per op whose outputs hold fp16 values at ±65504, in execution order (the order
-    of ``tensors``), at most MAX_OPS_PER_STEP ops per (step, rank); value = saturated count."""
-    ops: dict[tuple, dict[str, dict[str, Any]]] = {}
-    for t in result["tensors"]:
-        if not t.get("fp16_saturated") or t["io"] in ("input", "param"):
-            continue
-        per_step = ops.setdefault((t["step"], t["rank"]), {})
-        if t["name"] in per_step:
-            per_step[t["name"]]["saturated"] += t["fp16_saturated"]
-        elif len(per_step) < MAX_OPS_PER_STEP:
-            per_step[t["name"]] = {"tensor": f"{t['io']}[{t['index']}]", "saturated": t["fp16_saturated"],
-                                   "count": t["count"], "max": t["max"], "min": t["min"], "dtype": t["dtype"]}
-    out = []
-    for (step, rank), per_step in ops.items():
-        for op, e in per_step.items():
-            attrs = (("op", op), ("rank", rank), *e.items())
-            out.append(Sample(_located(labels, rank), DUMP_FP16_SATURATED, float(e["saturated"]), step, src,
-                              now, None, attrs))
-    return out
-
-
-def result_samples(result: dict[str, Any], labels: dict[str, str], source: str | None = None) -> list[Sample]:
-    """Everything a scan result tells the rules, as samples: the first bad op (``dump_nonfinite``),
-    the overflowing ops (``dump_overflow``), the fp16-saturated ops (``dump_fp16_saturated``)
-    and the tensor-health watchpoints' samples. The daemon and ``precision-agent scan`` both
-    judge exactly these, so the two cannot disagree."""
-    src, now = SourcePos(source or result.get("path", ""), 0), time.time()
-    out = _nonfinite_sample(result, labels, src, now)
-    out += _overflow_samples(result, labels, src, now)
-    out += _saturation_samples(result, labels, src, now)
-    out += tensor_samples(result, labels)   # the one call site of the watchpoint kinds' samples
-    return out
 
 
 AfterScanFn = Callable[[str], "AfterScan"]   # the watch's duties beyond the scan (compare/live.py)

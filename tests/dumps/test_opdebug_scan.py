@@ -15,7 +15,7 @@ from support import dumps as W
 from precision_agent.dumps.cann import dump_dir_location
 from precision_agent.commands.scan import scan
 from precision_agent.dumps.scan import scan_dump
-from precision_agent.dumps.schedule import result_samples
+from precision_agent.dumps.samples import result_samples
 from precision_agent.model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW
 from precision_agent.engine.rulefile import load_rules
 from support.dumps import opdebug_two_ranks_two_steps as _two_ranks_two_steps
@@ -138,7 +138,8 @@ def test_cli_rules_option_progress_and_json(tmp_path):
 
 
 def test_scan_thread_samples_take_the_watch_labels(tmp_path):
-    from precision_agent.dumps.schedule import DumpScheduler, labelled
+    from precision_agent.dumps.samples import labelled
+    from precision_agent.dumps.schedule import DumpScheduler
     from conftest import wait_for
     d = _two_ranks_two_steps(tmp_path)
     sched = DumpScheduler(settle=0.0, queue_size=1, scanned={})

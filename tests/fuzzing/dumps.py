@@ -20,7 +20,7 @@ import numpy as np
 from support import dumps as W
 from precision_agent.dumps.protobuf import decode_dump_data
 from precision_agent.dumps.scan import scan_dump
-from precision_agent.dumps.schedule import result_samples
+from precision_agent.dumps.samples import result_samples
 from precision_agent.dumps.types import DumpError
 
 from .core import Target
