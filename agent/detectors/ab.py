@@ -219,22 +219,25 @@ class AbDetector(Detector[AbParams]):
         pair = self._pairs.get(group)
         tag = "s" if which == p.suspect else "r"
         side = self._side(pair, tag)
+        before = side["top"]
         changed = take(sample, series, side, p.max_points)
         setattr(pair, "top_" + tag, side["top"])
         setattr(pair, "n_" + tag, side["n"])
-        if changed is False:
+        # the other side's break (NaN/Inf, collapse) that this side has now reached: judge anew,
+        # whatever this sample is (a run ahead breaks before the other run gets there)
+        other_bad = pair.bad_r if tag == "s" else pair.bad_s
+        reached = bool(other_bad) and before < other_bad[0] <= side["top"]
+        if changed is False and not reached:
             return None
         s_curve, r_curve = curve(self._side(pair, "s")), curve(self._side(pair, "r"))
-        if changed is True:  # a break
-            result = judge(s_curve, r_curve, p)
-        else:
-            other = r_curve if tag == "s" else s_curve
-            if changed not in other.loss:
-                return None  # not a common step yet: nothing to compare anew
+        other = r_curve if tag == "s" else s_curve
+        if changed is not True and changed is not False and changed in other.loss:
             pair.common.append(changed)
             if len(pair.common) > 4 * p.window:
                 del pair.common[:len(pair.common) - 2 * p.window]
-            result = judge(s_curve, r_curve, p, pair.common)
+        elif changed is not True and not reached:
+            return None  # not a common step yet: nothing to compare anew
+        result = judge(s_curve, r_curve, p, None if changed is True else pair.common)
         if result.verdict != "fusion_suspected":
             if pair.active:
                 pair.active = False

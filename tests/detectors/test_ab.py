@@ -93,6 +93,29 @@ def test_shipped_rule_fires_on_a_nan_only_with_fusion_on_and_names_the_pair():
     assert fs[0].evidence["check"] == "nonfinite_loss" and fs[0].evidence["suspect_step"] == 25
 
 
+@pytest.mark.parametrize("after_nan", ["stops", "keeps_printing_nan"])
+def test_shipped_rule_fires_when_the_fusion_on_run_is_ahead(after_nan):
+    """The common case: the fusion-on run hits NaN at step 25 before the fusion-off run got there;
+    the verdict comes when the fusion-off run passes step 25, whether the fusion-on run stopped
+    or keeps printing NaN."""
+    p = shipped()
+    for s in range(1, 21):
+        feed(p, "off", s, LOSS, 3.0 - s * 0.01)
+    last = 25 if after_nan == "stops" else 40
+    for s in range(1, last + 1):
+        feed(p, "on", s, LOSS, 3.0 - s * 0.01 if s < 25 else math.nan)
+    assert not [f for f in p.findings if f.rule == "FusionSuspected"]  # fusion off has not reached 25
+    for s in range(21, 25):
+        feed(p, "off", s, LOSS, 3.0 - s * 0.01)
+    assert not [f for f in p.findings if f.rule == "FusionSuspected"]
+    for s in range(25, 31):
+        feed(p, "off", s, LOSS, 3.0 - s * 0.01)
+    fs = [f for f in p.findings if f.rule == "FusionSuspected"]
+    assert len(fs) == 1, fs
+    assert fs[0].step == 25 and dict(fs[0].labels) == {"job": "llama", "severity": "ticket"}
+    assert fs[0].evidence["check"] == "nonfinite_loss" and fs[0].evidence["suspect_step"] == 25
+
+
 def test_shipped_rule_quiet_on_two_equal_runs_and_on_other_labels():
     p = shipped()
     rnd = random.Random(1)
