@@ -54,14 +54,14 @@ def newest_files(places: list[Path]) -> tuple[Path | None, Path | None]:
     as a report when its name says so (``fusion_result*.json``), else as a graph (ATC JSON or GE text)."""
     report = graph = None
     for place in places:
-        if place.is_file():
+        if place.is_dir():
+            r, g = discover(place)
+            report, graph = _newer(report, r), _newer(graph, g)
+        elif place.exists():  # a named FIFO or device too: its reader refuses it with a clear error
             if fnmatch(place.name, REPORT_GLOB):
                 report = _newer(report, place)
             else:
                 graph = _newer(graph, place)
-        elif place.is_dir():
-            r, g = discover(place)
-            report, graph = _newer(report, r), _newer(graph, g)
     return report, graph
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from ..safeio import FileTooBig, read_regular
 from .switch import GRAPH, UB, SwitchConfig, write_atomic
 
 VERSION = 1
@@ -226,12 +227,11 @@ def parse_session(text: str) -> BisectSession:
 
 def load_session(path: str | os.PathLike[str]) -> BisectSession:
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_SESSION_BYTES + 1)
+        raw = read_regular(path, MAX_SESSION_BYTES)   # a FIFO is refused at once, never waited on
+    except FileTooBig:
+        raise BisectError(f"{path}: too big for a session file") from None
     except OSError as exc:
         raise BisectError(f"{path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_SESSION_BYTES:
-        raise BisectError(f"{path}: too big for a session file")
     try:
         return parse_session(raw.decode("utf-8"))
     except UnicodeDecodeError:

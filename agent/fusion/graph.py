@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Union
 
+from ..safeio import FileTooBig, read_regular
 from . import FusionFileError, prototext
 from .prototext import Message
 
@@ -218,15 +219,11 @@ def read_graph_file(path: str | os.PathLike[str], max_bytes: int = MAX_GRAPH_BYT
     """Read an ATC JSON graph or a GE text dump (told apart by the first character)."""
     file = str(path)
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > max_bytes:
-                raise GraphFormatError(file, f"too big: {size} bytes (limit {max_bytes})")
-            raw = fh.read(max_bytes + 1)
+        raw = read_regular(path, max_bytes)   # a FIFO is refused at once, never waited on
+    except FileTooBig as exc:
+        raise GraphFormatError(file, str(exc)) from None
     except OSError as exc:
         raise GraphFormatError(file, exc.strerror or str(exc)) from None
-    if len(raw) > max_bytes:
-        raise GraphFormatError(file, f"too big: over {max_bytes} bytes")
     text = raw.decode("utf-8", "surrogateescape").lstrip("\ufeff")
     if not text.strip():
         raise GraphFormatError(file, "empty file")

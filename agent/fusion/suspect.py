@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from ..safeio import FileTooBig, read_regular
 from .graph import GeGraph
 from .report import FusionReport
 from .switch import SwitchError, switch_off
@@ -71,10 +72,8 @@ class FusionSuspect:
 
 def _entries(path: Path) -> list[FusedApi]:
     try:
-        if path.stat().st_size > MAX_CATALOGUE_BYTES:
-            raise CatalogueError(f"{path}: larger than {MAX_CATALOGUE_BYTES} bytes")
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        doc = yaml.safe_load(read_regular(path, MAX_CATALOGUE_BYTES).decode("utf-8"))
+    except (OSError, FileTooBig, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise CatalogueError(f"{path}: {exc}") from None
     items = doc.get("fused_apis") if isinstance(doc, dict) else None
     if not isinstance(items, list):

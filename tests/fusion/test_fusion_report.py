@@ -203,3 +203,18 @@ def test_any_json_gives_a_report_or_a_clear_error(docs, cut):
             assert exc.file == "f.json" and exc.reason
         else:
             assert all(c.effect_times >= 0 for g in graphs for c in g.graph_fusion.values())
+
+
+@pytest.mark.parametrize("what", ["passes", "graph", "bisect"])
+def test_cli_refuses_a_fifo_named_like_a_fusion_file_at_once(tmp_path, what):
+    """A FIFO named fusion_result.json (or a graph, or a session file) is refused with a clear error;
+    a plain open() would wait forever for a writer (cli's timeout fails the test then)."""
+    import os
+    name = {"passes": "fusion_result.json", "graph": "ge_proto_00000001_Build.txt", "bisect": "s.json"}[what]
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    args = {"passes": ("passes", fifo, "--json"), "graph": ("graph", fifo),
+            "bisect": ("bisect", "--session", fifo, "--json")}[what]
+    p = cli(*args)
+    assert p.returncode == 2 and p.stdout == ""
+    assert f"{fifo}" in p.stderr and "not a regular file (a FIFO)" in p.stderr
