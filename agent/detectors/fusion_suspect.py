@@ -1,8 +1,9 @@
-"""``fusion_suspect``: the first bad op of a dump (NaN/Inf from finite inputs, or the first op that
-lost precision against the benchmark) is a fused API or an op a fusion pass made.
+"""``fusion_suspect``: the first bad op of a dump (NaN/Inf from finite inputs, the first op that
+overflowed when none turned NaN/Inf, or the first op that lost precision against the benchmark)
+is a fused API or an op a fusion pass made.
 
 The dump side names the op and asks agent/fusion/suspect.py whether it is fused; the answer rides
-on the ``dump_nonfinite`` / ``dump_divergence`` sample as ``fusion_*`` attributes, and this kind
+on the ``dump_nonfinite`` / ``dump_overflow`` / ``dump_divergence`` sample as ``fusion_*`` attributes, and this kind
 turns it into an alert labelled with the op, whose evidence carries the passes (with the
 ``fusion_switch.cfg`` that turns off exactly them) or the fused API and how to run it unfused.
 """
@@ -12,22 +13,24 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from ..model import DUMP_DIVERGENCE, DUMP_NONFINITE, Sample
+from ..model import DUMP_DIVERGENCE, DUMP_NONFINITE, DUMP_OVERFLOW, Sample
 from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 
 
 class FusionSuspectParams(Params):
-    on: list[Literal["nonfinite", "divergence"]] = ["nonfinite", "divergence"]
+    on: list[Literal["nonfinite", "overflow", "divergence"]] = ["nonfinite", "overflow", "divergence"]
 
 
-_METRIC = {"nonfinite": DUMP_NONFINITE, "divergence": DUMP_DIVERGENCE}
+_METRIC = {"nonfinite": DUMP_NONFINITE, "overflow": DUMP_OVERFLOW, "divergence": DUMP_DIVERGENCE}
+_WHY = {DUMP_NONFINITE: "produced NaN/Inf from finite inputs", DUMP_OVERFLOW: "overflowed first",
+        DUMP_DIVERGENCE: "lost precision first"}
 
 
 class FusionSuspectDetector(Detector[FusionSuspectParams]):
     kind = "fusion_suspect"
     params_model = FusionSuspectParams
-    metrics = frozenset({DUMP_NONFINITE, DUMP_DIVERGENCE})
+    metrics = frozenset(_METRIC.values())
 
     def wanted_metrics(self) -> frozenset[str]:
         return frozenset(_METRIC[o] for o in self.params.on)
@@ -41,7 +44,7 @@ class FusionSuspectDetector(Detector[FusionSuspectParams]):
         api = sample.attr("fusion_api")
         cfg = sample.attr("fusion_switch_cfg")
         what = f"fusion passes {', '.join(passes)}" if passes else f"fused API {api}"
-        why = "produced NaN/Inf from finite inputs" if sample.metric == DUMP_NONFINITE else "lost precision first"
+        why = _WHY[sample.metric]
         evidence = {"op": op, "kind": kind, "api": api, "passes": passes, "suspects": ", ".join(passes) or api,
                     "advice": sample.attr("fusion_advice") or "",
                     "switch_cfg": json.loads(cfg) if isinstance(cfg, str) else None,
