@@ -27,6 +27,8 @@ from ..health import Cancelled
 from ..fusion.context import REPORT_GLOB, FusionContext, discover, load_context
 
 FileSig = tuple[str, int, int] | None
+# graphs the scan thread parses (several MB/s): a bigger one would hold the worker for minutes
+PICKUP_GRAPH_BYTES = 64 << 20
 log = logging.getLogger(__name__)
 
 
@@ -92,10 +94,16 @@ class FusionPickup:
             cached = self.latest.get(job)
             if cached is not None and cached.sigs == sigs:
                 return cached.ctx
+        too_big = []
+        if sigs[1] is not None and sigs[1][2] > PICKUP_GRAPH_BYTES:
+            too_big.append(f"{graph}: too big for the daemon: {sigs[1][2]} bytes (limit {PICKUP_GRAPH_BYTES >> 20} MiB); "
+                           f"not read (precision-agent fusion graph / scan --graph read it)")
+            graph = None
         if report is None and graph is None:
             ctx = FusionContext()
         else:
             ctx = load_context(str(graph) if graph else None, [str(report)] if report else None)
+        ctx.errors[:0] = too_big
         with self._lock:
             self.latest[job] = _Latest(sigs, replace(ctx, errors=[]))
         return ctx

@@ -25,6 +25,7 @@ from . import FusionFileError, prototext
 from .prototext import Message
 
 MAX_GRAPH_BYTES = 512 << 20  # a Build graph without weights (DUMP_GE_GRAPH=2) is far smaller
+MAX_STRING = 64 << 10        # longer strings of a GE text graph (weights) are skipped, not decoded
 PASS_NAME = "pass_name"
 ORIGINAL_OPS = "_datadump_original_op_names"
 ORIGIN_NAME = "_datadump_origin_name"
@@ -201,7 +202,7 @@ def parse_ge_text(text: str, file: str, max_depth: int = prototext.MAX_DEPTH) ->
         return False
 
     try:
-        root = prototext.parse(text, max_depth=max_depth, on_close=on_close)
+        root = prototext.parse(text, max_depth=max_depth, on_close=on_close, max_string=MAX_STRING)
     except prototext.ProtoTextError as exc:
         raise GraphFormatError(file, f"protobuf text: {exc}") from None
     if pending:  # a bare GraphDef: ops at the top level

@@ -75,3 +75,20 @@ def test_a_fifo_named_like_a_fusion_file_is_an_error_not_a_hang(tmp_path):
         assert ctx.graph is None and ctx.report is None
         assert ctx.errors and all("not a regular file (a FIFO)" in e for e in ctx.errors), ctx.errors
         assert len(ctx.errors) == (2 if places != [named] else 1)
+
+
+def test_a_graph_over_the_pickup_limit_is_one_clear_error_and_not_parsed(tmp_path):
+    """A 65 MiB executed graph (sparse: never read) would hold the scan thread for many seconds:
+    the daemon refuses it with one error per version, and still takes the job's report."""
+    from precision_agent.daemon.fusionfiles import PICKUP_GRAPH_BYTES
+    assert PICKUP_GRAPH_BYTES == 64 << 20
+    big = tmp_path / "ge_proto_00000001_Build.txt"
+    with open(big, "wb") as fh:
+        fh.truncate(PICKUP_GRAPH_BYTES + (1 << 20))
+    _report(tmp_path / "fusion_result.json", ["P1"], 1_000_000_000_000_000_000)
+    pick = FusionPickup(lambda unit: ("job", [tmp_path]))
+    ctx = pick.context("/job/step1")
+    assert ctx.graph is None and ctx.report is not None and ctx.report.effective == ["P1"]
+    (err,) = ctx.errors
+    assert str(big) in err and "too big for the daemon" in err and "limit 64 MiB" in err
+    assert pick.context("/job/step2").errors == []
