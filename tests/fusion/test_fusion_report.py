@@ -218,3 +218,28 @@ def test_cli_refuses_a_fifo_named_like_a_fusion_file_at_once(tmp_path, what):
     p = cli(*args)
     assert p.returncode == 2 and p.stdout == ""
     assert f"{fifo}" in p.stderr and "not a regular file (a FIFO)" in p.stderr
+
+
+def test_discovery_reaches_a_shallow_graphs_folder_after_a_big_dump_and_says_when_cut_short(tmp_path):
+    """The compiler's files in a tree (scan, and the daemon's pickup): breadth-first, so graphs/
+    beside a dump/ of more entries than the walk's bound is reached; a walk that stops early says so."""
+    from precision_agent.daemon.fusionfiles import FusionPickup
+    from precision_agent.fusion.context import MAX_WALK, discover, load_context
+    deep = tmp_path / "dump" / "deep"
+    deep.mkdir(parents=True)
+    for i in range(MAX_WALK + 50):
+        (deep / f"op_{i:05d}.npy").touch()
+    (tmp_path / "graphs").mkdir()
+    g = tmp_path / "graphs" / "ge_proto_00000001_Build.txt"
+    g.write_text('graph { name: "g" op { name: "f" type: "X" } }\n')
+    rep = tmp_path / "graphs" / "fusion_result.json"
+    rep.write_text(json.dumps({"graph_fusion": {"P": {"match_times": "1", "effect_times": "1"}}}))
+    found = discover(tmp_path)
+    assert (found.report, found.graph) == (rep, g)
+    assert found.cut_short and f"first {MAX_WALK} entries" in found.cut_short
+    ctx = load_context(root=tmp_path)
+    assert ctx.report is not None and ctx.graph is not None
+    assert len(ctx.errors) == 1 and f"first {MAX_WALK} entries" in ctx.errors[0]
+    daemon = FusionPickup(lambda unit: ("job", [tmp_path])).context("/job/step1")
+    assert daemon.graph is not None and any(f"first {MAX_WALK} entries" in e for e in daemon.errors)
+    assert discover(tmp_path / "graphs").cut_short is None
