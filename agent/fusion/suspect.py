@@ -101,6 +101,20 @@ def _default_catalogue() -> tuple[FusedApi, ...]:
     return catalogue(os.environ.get(ENV_EXTRA) or None)
 
 
+CATALOGUE_ERROR_PATH = "fusion catalogue"   # the ``path`` of its entry in a result's ``errors``
+
+
+def catalogue_error() -> str | None:
+    """Why the catalogue in force (the shipped one plus ``$PRECISION_AGENT_FUSED_APIS``) cannot be
+    read, None when it can: ``scan`` and ``compare`` list it in their ``errors`` rather than
+    quietly naming no fused API."""
+    try:
+        _default_catalogue()
+    except CatalogueError as exc:
+        return str(exc)
+    return None
+
+
 @functools.lru_cache(maxsize=1024)
 def _parts(op: str) -> tuple[str, ...]:
     return tuple(p for p in re.split(r"[.\s/]", op) if p)

@@ -171,3 +171,30 @@ def test_fusion_suspected_with_the_passes_reaches_a_real_alertmanager(tmp_path):
             assert agent.stop() == 0
         finally:
             agent.kill()
+
+
+def test_a_broken_user_catalogue_is_counted_once_as_a_config_error(tmp_path):
+    """The daemon with $PRECISION_AGENT_FUSED_APIS naming a broken file: the scans of two steps whose
+    first bad op is a fused API count one `config` error between them, no silent switch-off."""
+    bad = tmp_path / "apis.yml"
+    bad.write_text("fused_apis: 3\n")
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    cfg = tmp_path / "agent.yml"
+    cfg.write_text(json.dumps({"dump_settle": "0.5s", "watches": [{"kind": "dump", "path": str(dumps)}]}))
+    agent = AgentProcess(tmp_path / "nolog", tmp_path / "state", "--config", str(cfg)).start(
+        env={"PRECISION_AGENT_FUSED_APIS": str(bad)})
+    try:
+        subprocess.run(["cp", "-r", str(FIX / "on_nan" / "step0"), str(dumps / "step0")], check=True, timeout=60)
+        wait_for(lambda: agent.metric("precision_agent_errors_total", kind="config") == 1, timeout=30,
+                 what="the catalogue's config error")
+        scanned = agent.metric("precision_agent_dump_files_scanned_total")
+        subprocess.run(["cp", "-r", str(FIX / "on_nan" / "step0"), str(dumps / "step1")], check=True, timeout=60)
+        wait_for(lambda: agent.metric("precision_agent_dump_files_scanned_total") == 2 * scanned, timeout=30,
+                 what="the second step scanned")
+        assert agent.metric("precision_agent_errors_total", kind="config") == 1
+        assert agent.metric("precision_agent_errors_total", kind="scan") == 0
+        assert not [a for a in agent.alerts() if a["alertname"] == "FusionSuspected"]
+        assert "fusion catalogue" in agent.stderr()
+    finally:
+        agent.stop()
