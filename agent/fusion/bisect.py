@@ -208,7 +208,10 @@ def parse_session(text: str) -> BisectSession:
     for r in doc.get("rounds") or []:
         if not isinstance(r, dict) or r.get("result") not in (None, "good", "bad"):
             raise BisectError("a round of the session is malformed")
-        rounds.append(Round(int(r.get("round", 0)), _strs(r, "off"), r.get("result"), bool(r.get("confirm"))))
+        number = r.get("round", 0)
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            raise BisectError(f"a round of the session is malformed: round {str(number)[:40]!r} is not a number")
+        rounds.append(Round(number, _strs(r, "off"), r.get("result"), bool(r.get("confirm"))))
     sections = doc.get("sections")
     if not isinstance(sections, dict):
         raise BisectError("'sections' is not an object")

@@ -104,7 +104,8 @@ def _count(file: str, where: str, value: object) -> int:
         raise FusionReportError(file, f"{where}: not a count: {value!r}")
     if isinstance(value, int):
         n = value
-    elif isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= _MAX_COUNT_DIGITS:
+    elif (isinstance(value, str) and value.strip().isascii() and value.strip().isdigit()   # not "²"
+          and len(value.strip()) <= _MAX_COUNT_DIGITS):
         n = int(value.strip())
     else:
         raise FusionReportError(file, f"{where}: not a count: {str(value)[:40]!r}")

@@ -243,3 +243,14 @@ def test_discovery_reaches_a_shallow_graphs_folder_after_a_big_dump_and_says_whe
     daemon = FusionPickup(lambda unit: ("job", [tmp_path])).context("/job/step1")
     assert daemon.graph is not None and any(f"first {MAX_WALK} entries" in e for e in daemon.errors)
     assert discover(tmp_path / "graphs").cut_short is None
+
+
+@pytest.mark.parametrize("count", ["²", "١٢", "3\u00b3"])
+def test_non_ascii_digit_counts_are_clear_errors_not_crashes(tmp_path, count):
+    """"²".isdigit() is True but int("²") raises: such a count is a bad report (exit 2), not a crash."""
+    f = tmp_path / "fusion_result.json"
+    f.write_text(json.dumps({"graph_fusion": {"P": {"match_times": count, "effect_times": "1"}}}), encoding="utf-8")
+    with pytest.raises(FusionReportError, match="P.match_times: not a count"):
+        read_report_file(f)
+    p = cli("passes", f, "--json")
+    assert p.returncode == 2 and "not a count" in p.stderr and "Traceback" not in p.stderr
