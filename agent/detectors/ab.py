@@ -136,6 +136,19 @@ def judge_gap(common: list[int], suspect: Curve, reference: Curve, p: AbParams) 
     return AbResult("no_difference", len(steps), evidence)
 
 
+def detail(r: AbResult, p: AbParams) -> str:
+    """The verdict in words, for the alert's annotations (a break, or the loss gap)."""
+    e = r.evidence
+    on, off = f"{p.by}={p.suspect}", f"{p.by}={p.reference}"
+    if "suspect_step" in e:
+        return (f"with {on} the run had {e['check']} at step {e['suspect_step']}; with {off} it reached step "
+                f"{e['reference_reached']} without it")
+    return (f"over the last {r.steps_compared} common steps ({e['from_step']}..{e['to_step']}) the loss with {on} "
+            f"is higher by a median {e['relative_gap'] * 100:.3g} % (above {p.min_gap * 100:.3g} %): higher on "
+            f"{e['suspect_higher']} of them, lower on {e['reference_higher']} (sign test p "
+            f"{max(e['p_suspect_worse']):.2g} < {p.alpha:g} in each half)")
+
+
 @dataclass
 class _Pair:
     """Both sides of one pair (flat fields: the memory codec stores plain records)."""
@@ -250,7 +263,8 @@ class AbDetector(Detector[AbParams]):
                    f"({what}, {result.steps_compared} common steps)")
         return Hit(group, message, ev["evidence"].get("relative_gap"), sample.step, sample.source,
                    {"verdict": result.verdict, "steps_compared": result.steps_compared, "by": p.by,
-                    "suspect": p.suspect, "reference": p.reference, **ev["evidence"]})
+                    "suspect": p.suspect, "reference": p.reference, **ev["evidence"],
+                    "detail": detail(result, p)})
 
     @staticmethod
     def _side(pair: _Pair, tag: str) -> dict[str, Any]:

@@ -27,6 +27,22 @@ _WHY = {DUMP_NONFINITE: "produced NaN/Inf from finite inputs", DUMP_OVERFLOW: "o
         DUMP_DIVERGENCE: "lost precision first"}
 
 
+def _names(v: object) -> list[str]:
+    """A list attribute (a rule test's ``attrs`` give it as one comma-separated string)."""
+    if isinstance(v, str):
+        return [x.strip() for x in v.split(",") if x.strip()]
+    return [str(x) for x in v] if isinstance(v, (list, tuple)) else []
+
+
+def _switch_file(passes: list[str], cfg: str | None) -> str:
+    """The annotation's sentence on ``fusion_switch.cfg``: the ready file itself, as JSON."""
+    if cfg is not None:
+        return f"The fusion_switch.cfg that turns off exactly {'it' if len(passes) == 1 else 'them'}: {cfg}"
+    if passes:
+        return "No ready fusion_switch.cfg: it needs the job's fusion_result.json (GraphFusion or UBFusion)"
+    return "A fused API has no fusion_switch.cfg: run the unfused path as said"
+
+
 class FusionSuspectDetector(Detector[FusionSuspectParams]):
     kind = "fusion_suspect"
     params_model = FusionSuspectParams
@@ -40,7 +56,7 @@ class FusionSuspectDetector(Detector[FusionSuspectParams]):
         if not kind:
             return None
         op = str(sample.attr("op", ""))
-        passes = list(sample.attr("fusion_passes") or ())
+        passes = _names(sample.attr("fusion_passes"))
         api = sample.attr("fusion_api")
         cfg = sample.attr("fusion_switch_cfg")
         what = f"fusion passes {', '.join(passes)}" if passes else f"fused API {api}"
@@ -48,7 +64,9 @@ class FusionSuspectDetector(Detector[FusionSuspectParams]):
         evidence = {"op": op, "kind": kind, "api": api, "passes": passes, "suspects": ", ".join(passes) or api,
                     "advice": sample.attr("fusion_advice") or "",
                     "switch_cfg": json.loads(cfg) if isinstance(cfg, str) else None,
-                    "fused_ops": list(sample.attr("fusion_fused_ops") or ()),   # across fusion: the calls inside the module
+                    "switch_cfg_json": cfg if isinstance(cfg, str) else "",
+                    "switch_file": _switch_file(passes, cfg if isinstance(cfg, str) else None),
+                    "fused_ops": _names(sample.attr("fusion_fused_ops")),   # across fusion: the calls inside the module
                     "tensor": sample.attr("tensor"), "rank": sample.attr("rank"), "found_by": sample.metric}
         return Hit(sample.labels + (("op", op),), f"{op} {why}; it is fused ({what})", sample.value,
                    sample.step, sample.source, evidence)

@@ -252,6 +252,8 @@ def test_cli_judges_with_the_shipped_rules_parameters(tmp_path):
         feed(p, "on", s, LOSS, on[s])
     live = [f.evidence for f in p.findings if f.rule == "FusionSuspected"]
     assert live and all(ev["check"] == "loss_gap" and ev["alpha"] == 0.01 for ev in live)
+    description = [f for f in p.findings if f.rule == "FusionSuspected"][0].annotations["description"]
+    assert "the loss with fusion=on is higher by a median 5 % (above 2 %)" in description, description
     _megatron_log(tmp_path / "on.log", {s: f"{v:.6E}" for s, v in on.items()})
     _megatron_log(tmp_path / "off.log", {s: f"{v:.6E}" for s, v in off.items()})
     code, out = _fusion_ab(tmp_path / "on.log", tmp_path / "off.log")
