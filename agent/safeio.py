@@ -19,11 +19,16 @@ from typing import IO, Any, Callable
 
 import numpy as np
 
-__all__ = ["NotRegularFile", "file_kind", "mapped_pages", "memmap_regular", "open_regular", "open_regular_file"]
+__all__ = ["FileTooBig", "NotRegularFile", "file_kind", "mapped_pages", "memmap_regular", "open_regular",
+           "open_regular_file", "read_regular"]
 
 
 class NotRegularFile(OSError):
     """The path is a FIFO, device, socket or directory: refused, never read."""
+
+
+class FileTooBig(ValueError):
+    """A whole-file read (:func:`read_regular`) over its limit; the message says how big."""
 
 
 def file_kind(mode: int) -> str:
@@ -73,6 +78,19 @@ def open_regular_file(path: str | os.PathLike, mode: str = "rb", **kwargs: Any) 
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
+    """The whole regular file ``path``, refused (:class:`FileTooBig`) when it is or grows over
+    ``max_bytes`` while read; :class:`NotRegularFile` / ``OSError`` as :func:`open_regular`."""
+    with open_regular_file(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > max_bytes:
+            raise FileTooBig(f"too big: {size} bytes (limit {max_bytes})")
+        raw = fh.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise FileTooBig(f"too big: over {max_bytes} bytes")
+    return raw
 
 
 def memmap_regular(path: str | os.PathLike, dtype: Any, offset: int, count: int) -> np.memmap:

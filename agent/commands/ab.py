@@ -15,6 +15,19 @@ from ..readers.logstream import LogStream
 from ..series.state import SeriesState
 
 READ_STEP = 4 << 20
+SHIPPED_RULE = ("fusion.yml", "FusionSuspected")   # the live rule whose parameters the CLI uses
+
+
+def shipped_params(**overrides: object) -> AbParams:
+    """The parameters of the shipped live rule (rules/fusion.yml, FusionSuspected, kind ``ab``), so
+    that ``fusion ab`` and ``bisect --from-ab`` judge two logs as the daemon judges them live;
+    ``overrides`` (not None) replace some (validated again). ConfigError when the shipped rule
+    file is broken."""
+    from ..engine.rulefile import default_rules_dir, load_rule_file
+    name, alert = SHIPPED_RULE
+    rules = [r for r in load_rule_file(default_rules_dir() / name) if r.name == alert and r.spec.kind == "ab"]
+    base = rules[0].detector.params.model_dump() if rules else {}
+    return AbParams.model_validate({**base, **{k: v for k, v in overrides.items() if v is not None}})
 
 
 def side_of(path: Path, params: AbParams, fmt: str = "auto") -> dict:
@@ -45,7 +58,7 @@ def _feed(samples: list, series: SeriesState, side: dict, params: AbParams) -> N
 
 
 def compare_logs(on: Path, off: Path, params: AbParams | None = None, fmt: str = "auto") -> AbResult:
-    params = params or AbParams()
+    params = params or shipped_params()
     return judge(curve(side_of(on, params, fmt)), curve(side_of(off, params, fmt)), params)
 
 

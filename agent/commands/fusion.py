@@ -11,6 +11,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..detectors.ab import AbParams
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
@@ -43,6 +47,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="take the result from the ab verdict of the log of the run made with the current switch "
                         "file against the log of the run with all fusion off: clearly worse = bad, else good")
     b.add_argument("--format", default="auto", help="with --from-ab: log format of both files (default: detected)")
+    _ab_options(b, "with --from-ab: ")
     b.add_argument("--cfg", metavar="PATH",
                    help="where to write fusion_switch.cfg (default: fusion_switch.cfg beside the session file)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
@@ -53,10 +58,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("on", metavar="ON.log", help="the log of the run with fusion on (the suspect)")
     a.add_argument("off", metavar="OFF.log", help="the log of the run with fusion off (the reference)")
     a.add_argument("--format", default="auto", help="log format of both files (default: detected)")
-    a.add_argument("--window", type=int, default=50, help="each of the two halves of common steps compared")
-    a.add_argument("--min-steps", type=int, default=20, help="common steps needed for a verdict on the loss gap")
+    _ab_options(a)
     a.add_argument("--json", action="store_true", help="print one JSON object")
     a.set_defaults(func=cmd_ab)
+
+
+def _ab_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The ab verdict's parameters; default: those of the shipped FusionSuspected rule (rules/fusion.yml)."""
+    p.add_argument("--window", type=int, help=f"{prefix}each of the two halves of common steps compared "
+                                               "(default: the shipped rule's, 50)")
+    p.add_argument("--min-steps", type=int, help=f"{prefix}common steps needed for a verdict on the loss gap "
+                                                  "(default: the shipped rule's, 20)")
+    p.add_argument("--alpha", type=float, help=f"{prefix}sign-test significance in each half "
+                                               "(default: the shipped rule's, 0.01)")
+    p.add_argument("--min-gap", type=float, help=f"{prefix}relative median loss gap that counts "
+                                                 "(default: the shipped rule's, 0.02)")
+
+
+def _ab_params(args: argparse.Namespace) -> "tuple[AbParams | None, str]":
+    """(AbParams, "") or (None, why): the shipped rule's parameters with the options given."""
+    from pydantic import ValidationError
+    from ..config import ConfigError
+    from .ab import shipped_params
+    try:
+        return shipped_params(window=args.window, min_steps=args.min_steps, alpha=args.alpha,
+                              min_gap=args.min_gap), ""
+    except ValidationError as exc:
+        return None, f"{exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}"
+    except ConfigError as exc:
+        return None, f"the shipped rule file: {exc}"
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -173,11 +203,14 @@ def _result_from_ab(args: argparse.Namespace) -> tuple[str | None, dict | None, 
     from ..readers.parsers import UnknownFormat
     from .ab import round_result
     round_log, off_log = map(Path, args.from_ab)
+    params, why = _ab_params(args)
+    if params is None:
+        return None, None, f"fusion bisect --from-ab: {why}"
     for path in (round_log, off_log):
         if not path.is_file():
             return None, None, f"fusion bisect --from-ab: {path}: not a readable file"
     try:
-        result, r = round_result(round_log, off_log, fmt=args.format)
+        result, r = round_result(round_log, off_log, params, fmt=args.format)
     except (OSError, UnknownFormat) as exc:
         return None, None, f"fusion bisect --from-ab: {exc}"
     if result is None:
@@ -189,14 +222,11 @@ def _result_from_ab(args: argparse.Namespace) -> tuple[str | None, dict | None, 
 
 def cmd_ab(args: argparse.Namespace) -> int:
     """Exit 0: no_difference or fusion_off_worse; 1: fusion_suspected; 2: insufficient_data or a bad file."""
-    from pydantic import ValidationError
-    from ..detectors.ab import AbParams
     from ..readers.parsers import UnknownFormat
     from .ab import compare_logs
-    try:
-        params = AbParams(window=args.window, min_steps=args.min_steps)
-    except ValidationError as exc:
-        return _fail(f"fusion ab: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}")
+    params, why = _ab_params(args)
+    if params is None:
+        return _fail(f"fusion ab: {why}")
     for path in (args.on, args.off):
         if not Path(path).is_file():
             return _fail(f"fusion ab: {path}: not a readable file")

@@ -20,6 +20,7 @@ import numpy as np
 from ..dumps.scan import inf_extremes, statistics, tensor_bytes
 from ..health import beat
 from ..dumps.types import DumpError, DumpTensor
+from ..fusion.suspect import CATALOGUE_ERROR_PATH, catalogue_error
 from ..model import TensorStats
 from .metrics import StatsDiff, TensorDiff, compare_arrays, compare_stats
 from .across import Across, noise_floor, pair_across, plan as plan_across, settle
@@ -76,6 +77,7 @@ class CompareResult:
     first_differing_tensor: dict[str, Any] | None = None
     across: Across | None = None     # a fusion-on run against a fusion-off run (across.py)
     fusion: Any = None               # the compiler's files (agent/fusion/context.py FusionContext)
+    notes: list[dict[str, str]] = field(default_factory=list)   # errors of neither side (the catalogue)
 
     @property
     def identical(self) -> bool:
@@ -91,7 +93,7 @@ class CompareResult:
         out += [{"side": "bench", "path": p, "reason": r} for p, r in self.bench.errors]
         out += [{"side": "pair", "path": r.target.path, "reason": r.fail_reason}
                 for r in self.rows if r.ok is None and r.fail_reason]
-        return out
+        return out + self.notes
 
 
 def _stats_of(t: DumpTensor) -> TensorStats:
@@ -162,6 +164,9 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     res = CompareResult(target, bench, preset, "rerun" if rerun else "benchmark",
                         unmatched=pairing.unmatched, unmatched_tensors=pairing.unmatched_tensors,
                         across=across, fusion=fusion)
+    broken = catalogue_error()   # pairing across fusion and the fused-API suspect need it
+    if broken is not None:
+        res.notes.append({"side": "pair", "path": CATALOGUE_ERROR_PATH, "reason": broken})
     n = len(pairing.pairs)
     weights = [tensor_bytes(p.target) + tensor_bytes(p.bench) for p in pairing.pairs] if progress else []
     total, done = sum(weights), 0

@@ -133,8 +133,8 @@ def fusion_suspect(res: CompareResult) -> dict[str, Any] | None:
         else:
             ctx = res.fusion
             found = suspect(op, getattr(ctx, "graph", None), getattr(ctx, "report", None))
-    except CatalogueError as exc:
-        return {"op": op, "kind": None, "error": str(exc)}
+    except CatalogueError:  # listed in the result's errors (engine.compare_sides)
+        return None
     return found.to_json() if found is not None else None
 
 

@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..compare.live import DumpWork, after_scan, compare_sample
 from ..config import Config, Watch
@@ -21,6 +22,7 @@ from ..dumps.samples import labelled
 from ..dumps.schedule import AfterScan, DumpScheduler, ScanResult
 from ..dumps.types import LIMITS
 from ..engine.pipeline import Pipeline
+from ..fusion.suspect import CATALOGUE_ERROR_PATH
 from .fusionfiles import FusionPickup, watch_places
 from ..health import Health
 from ..model import make_labels
@@ -37,6 +39,7 @@ class DumpFlow:
         LIMITS.max_decompressed_bytes = config.limits.max_decompressed_bytes
         self.fusion = FusionPickup(watch_places(self._watch))   # the jobs' fusion reports and graphs
         self.scheduler.fusion = self.fusion.annotate
+        self._catalogue_errors: set[str] = set()
 
     def keep_cache(self, unit: str) -> bool:
         """Scan thread: keep a unit's pages in the page cache when a comparison will read them
@@ -89,7 +92,8 @@ class DumpFlow:
         assert r.signature is not None
         self.health.inc("dump_files_scanned", r.signature[0])
         for e in r.result["errors"]:
-            self.health.error("scan", "%s: %s", e["path"], e["reason"])
+            if self._first_time(e):
+                self.health.error("scan", "%s: %s", e["path"], e["reason"])
         self.pipeline.process(labelled(r.samples, labels))
         self.book.origins.observe(r.result, labels, r.unit, r.signature[2] / 1e9)
         try:
@@ -97,6 +101,16 @@ class DumpFlow:
                                       ",".join(map(str, r.signature)))
         except StateError as exc:
             self.health.error("state", "could not record the scan of %s: %s", r.unit, exc)
+
+    def _first_time(self, e: dict[str, Any]) -> bool:
+        """False for a broken fused-API catalogue already counted: one ``config`` error per error
+        (the file named by $PRECISION_AGENT_FUSED_APIS), not one per scan or comparison."""
+        if e.get("path") != CATALOGUE_ERROR_PATH:
+            return True
+        if e.get("reason") not in self._catalogue_errors:
+            self._catalogue_errors.add(str(e.get("reason")))
+            self.health.error("config", "%s: %s", CATALOGUE_ERROR_PATH, e.get("reason"))
+        return False
 
     def _after(self, unit: str, x: AfterScan, labels: dict[str, str]) -> None:
         if x.error is not None:
@@ -115,7 +129,8 @@ class DumpFlow:
         if "csv_error" in res:
             self.health.error("compare", "%s: %s", unit, res["csv_error"])
         for e in res.get("errors") or ():
-            self.health.error("compare", "%s (%s): %s", e.get("path"), e.get("side"), e.get("reason"))
+            if self._first_time(e):
+                self.health.error("compare", "%s (%s): %s", e.get("path"), e.get("side"), e.get("reason"))
         sample = compare_sample(res, labels, unit)
         self.book.record_compare(make_labels(labels, mode=res.get("mode", "")), unit, res, sample is not None,
                                  time.time())

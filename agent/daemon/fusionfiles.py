@@ -27,6 +27,8 @@ from ..health import Cancelled
 from ..fusion.context import REPORT_GLOB, FusionContext, discover, load_context
 
 FileSig = tuple[str, int, int] | None
+# graphs the scan thread parses (several MB/s): a bigger one would hold the worker for minutes
+PICKUP_GRAPH_BYTES = 64 << 20
 log = logging.getLogger(__name__)
 
 
@@ -49,19 +51,22 @@ def _newer(a: Path | None, b: Path | None) -> Path | None:
     return a if sa[1] >= sb[1] else b
 
 
-def newest_files(places: list[Path]) -> tuple[Path | None, Path | None]:
+def newest_files(places: list[Path], cut_short: list[str] | None = None) -> tuple[Path | None, Path | None]:
     """(newest fusion report, newest executed graph) over files and folders. A named file counts
-    as a report when its name says so (``fusion_result*.json``), else as a graph (ATC JSON or GE text)."""
+    as a report when its name says so (``fusion_result*.json``), else as a graph (ATC JSON or GE text).
+    A folder whose walk met its bound adds why to ``cut_short``."""
     report = graph = None
     for place in places:
-        if place.is_file():
+        if place.is_dir():
+            r, g, short = discover(place)
+            report, graph = _newer(report, r), _newer(graph, g)
+            if short and cut_short is not None:
+                cut_short.append(short)
+        elif place.exists():  # a named FIFO or device too: its reader refuses it with a clear error
             if fnmatch(place.name, REPORT_GLOB):
                 report = _newer(report, place)
             else:
                 graph = _newer(graph, place)
-        elif place.is_dir():
-            r, g = discover(place)
-            report, graph = _newer(report, r), _newer(graph, g)
     return report, graph
 
 
@@ -86,16 +91,22 @@ class FusionPickup:
         if found is None:
             return None
         job, places = found
-        report, graph = newest_files(places)
+        notes: list[str] = []   # walks cut short, a graph too big: reported with each new version of the files
+        report, graph = newest_files(places, notes)
         sigs = (_sig(report), _sig(graph))
         with self._lock:
             cached = self.latest.get(job)
             if cached is not None and cached.sigs == sigs:
                 return cached.ctx
+        if sigs[1] is not None and sigs[1][2] > PICKUP_GRAPH_BYTES:
+            notes.append(f"{graph}: too big for the daemon: {sigs[1][2]} bytes (limit {PICKUP_GRAPH_BYTES >> 20} MiB); "
+                         f"not read (precision-agent fusion graph / scan --graph read it)")
+            graph = None
         if report is None and graph is None:
             ctx = FusionContext()
         else:
             ctx = load_context(str(graph) if graph else None, [str(report)] if report else None)
+        ctx.errors[:0] = notes
         with self._lock:
             self.latest[job] = _Latest(sigs, replace(ctx, errors=[]))
         return ctx

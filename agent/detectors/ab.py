@@ -136,6 +136,19 @@ def judge_gap(common: list[int], suspect: Curve, reference: Curve, p: AbParams) 
     return AbResult("no_difference", len(steps), evidence)
 
 
+def detail(r: AbResult, p: AbParams) -> str:
+    """The verdict in words, for the alert's annotations (a break, or the loss gap)."""
+    e = r.evidence
+    on, off = f"{p.by}={p.suspect}", f"{p.by}={p.reference}"
+    if "suspect_step" in e:
+        return (f"with {on} the run had {e['check']} at step {e['suspect_step']}; with {off} it reached step "
+                f"{e['reference_reached']} without it")
+    return (f"over the last {r.steps_compared} common steps ({e['from_step']}..{e['to_step']}) the loss with {on} "
+            f"is higher by a median {e['relative_gap'] * 100:.3g} % (above {p.min_gap * 100:.3g} %): higher on "
+            f"{e['suspect_higher']} of them, lower on {e['reference_higher']} (sign test p "
+            f"{max(e['p_suspect_worse']):.2g} < {p.alpha:g} in each half)")
+
+
 @dataclass
 class _Pair:
     """Both sides of one pair (flat fields: the memory codec stores plain records)."""
@@ -219,22 +232,25 @@ class AbDetector(Detector[AbParams]):
         pair = self._pairs.get(group)
         tag = "s" if which == p.suspect else "r"
         side = self._side(pair, tag)
+        before = side["top"]
         changed = take(sample, series, side, p.max_points)
         setattr(pair, "top_" + tag, side["top"])
         setattr(pair, "n_" + tag, side["n"])
-        if changed is False:
+        # the other side's break (NaN/Inf, collapse) that this side has now reached: judge anew,
+        # whatever this sample is (a run ahead breaks before the other run gets there)
+        other_bad = pair.bad_r if tag == "s" else pair.bad_s
+        reached = bool(other_bad) and before < other_bad[0] <= side["top"]
+        if changed is False and not reached:
             return None
         s_curve, r_curve = curve(self._side(pair, "s")), curve(self._side(pair, "r"))
-        if changed is True:  # a break
-            result = judge(s_curve, r_curve, p)
-        else:
-            other = r_curve if tag == "s" else s_curve
-            if changed not in other.loss:
-                return None  # not a common step yet: nothing to compare anew
+        other = r_curve if tag == "s" else s_curve
+        if changed is not True and changed is not False and changed in other.loss:
             pair.common.append(changed)
             if len(pair.common) > 4 * p.window:
                 del pair.common[:len(pair.common) - 2 * p.window]
-            result = judge(s_curve, r_curve, p, pair.common)
+        elif changed is not True and not reached:
+            return None  # not a common step yet: nothing to compare anew
+        result = judge(s_curve, r_curve, p, None if changed is True else pair.common)
         if result.verdict != "fusion_suspected":
             if pair.active:
                 pair.active = False
@@ -247,7 +263,8 @@ class AbDetector(Detector[AbParams]):
                    f"({what}, {result.steps_compared} common steps)")
         return Hit(group, message, ev["evidence"].get("relative_gap"), sample.step, sample.source,
                    {"verdict": result.verdict, "steps_compared": result.steps_compared, "by": p.by,
-                    "suspect": p.suspect, "reference": p.reference, **ev["evidence"]})
+                    "suspect": p.suspect, "reference": p.reference, **ev["evidence"],
+                    "detail": detail(result, p)})
 
     @staticmethod
     def _side(pair: _Pair, tag: str) -> dict[str, Any]:

@@ -59,6 +59,8 @@ def _overflow_samples(result: dict[str, Any], labels: dict[str, str], src: Sourc
     distinct ops per (step, rank)."""
     seen: dict[tuple, set[str]] = {}
     out = []
+    # no non-finite op: the first overflowing op is the scan's first bad op, and carries its suspicion
+    fusion = () if result.get("first_nonfinite") else fusion_attrs(result.get("fusion_suspect"))
     for o in result.get("overflows") or []:
         op = o["op"] or f"task{o['task_id']}_stream{o['stream_id']}"  # its dump file is missing
         ops = seen.setdefault((o["step"], o["rank"]), set())
@@ -68,7 +70,8 @@ def _overflow_samples(result: dict[str, Any], labels: dict[str, str], src: Sourc
         attrs = (("op", op), ("op_type", o["op_type"]), ("accelerator", o["accelerator"]),
                  ("status", o["status"]), ("status_code", hex(o["status_code"])), ("task_id", o["task_id"]),
                  ("stream_id", o["stream_id"]), ("rank", o["rank"]), ("debug_file", o["debug_file"]),
-                 ("dump_file", o["file"]))
+                 ("dump_file", o["file"]), *fusion)
+        fusion = ()
         out.append(Sample(_located(labels, o["rank"]), DUMP_OVERFLOW, 1.0, o["step"], src, now, None, attrs))
     return out
 

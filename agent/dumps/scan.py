@@ -170,9 +170,10 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
     layouts = sorted({t.extra.get("layout", layout) for t in tensors}) if layout == "mixed" else [layout]
     first = first_bad_op(kept, stats)
     op = first["op"] if first else (found[0]["op"] if found else None)
+    out_errors = [{"path": p, "reason": r} for p, r in errors]
     return {"path": str(path), "layout": layout, "layouts": layouts, "tensors": [asdict(s) for s in stats],
-            "first_nonfinite": first, "overflows": found, "fusion_suspect": fusion_suspect_of(op),
-            "errors": [{"path": p, "reason": r} for p, r in errors]}
+            "first_nonfinite": first, "overflows": found, "fusion_suspect": fusion_suspect_of(op, errors=out_errors),
+            "errors": out_errors}
 
 
 def inf_extremes(mx: float | None, mn: float | None, pos_inf: int, neg_inf: int,
@@ -199,14 +200,19 @@ def with_inf_extremes(t: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def fusion_suspect_of(op: str | None, graph: Any = None, report: Any = None) -> dict[str, Any] | None:
+def fusion_suspect_of(op: str | None, graph: Any = None, report: Any = None,
+                      errors: list[dict[str, str]] | None = None) -> dict[str, Any] | None:
     """Whether the first bad op (or the first overflowing one) is a fused API or an op a fusion
-    pass made (docs/fusion.md)."""
-    from ..fusion.suspect import CatalogueError, suspect
+    pass made (docs/fusion.md). A catalogue that cannot be read gives None, and its error joins
+    ``errors`` (once)."""
+    from ..fusion.suspect import CATALOGUE_ERROR_PATH, CatalogueError, suspect
     try:
         found = suspect(op, graph, report)
     except CatalogueError as exc:
-        return {"op": op, "kind": None, "error": str(exc)}
+        entry = {"path": CATALOGUE_ERROR_PATH, "reason": str(exc)}
+        if errors is not None and entry not in errors:
+            errors.append(entry)
+        return None
     return found.to_json() if found is not None else None
 
 
@@ -216,5 +222,5 @@ def with_fusion(r: dict[str, Any], fusion: Any) -> None:
     if not fusion.empty:
         first = r["first_nonfinite"]
         op = first["op"] if first else (r["overflows"][0]["op"] if r["overflows"] else None)
-        r["fusion_suspect"] = fusion_suspect_of(op, fusion.graph, fusion.report)
+        r["fusion_suspect"] = fusion_suspect_of(op, fusion.graph, fusion.report, r["errors"])
     r["errors"] += [{"path": "fusion", "reason": e} for e in fusion.errors]

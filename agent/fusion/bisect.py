@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from ..safeio import FileTooBig, read_regular
 from .switch import GRAPH, UB, SwitchConfig, write_atomic
 
 VERSION = 1
@@ -207,7 +208,10 @@ def parse_session(text: str) -> BisectSession:
     for r in doc.get("rounds") or []:
         if not isinstance(r, dict) or r.get("result") not in (None, "good", "bad"):
             raise BisectError("a round of the session is malformed")
-        rounds.append(Round(int(r.get("round", 0)), _strs(r, "off"), r.get("result"), bool(r.get("confirm"))))
+        number = r.get("round", 0)
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            raise BisectError(f"a round of the session is malformed: round {str(number)[:40]!r} is not a number")
+        rounds.append(Round(number, _strs(r, "off"), r.get("result"), bool(r.get("confirm"))))
     sections = doc.get("sections")
     if not isinstance(sections, dict):
         raise BisectError("'sections' is not an object")
@@ -226,12 +230,11 @@ def parse_session(text: str) -> BisectSession:
 
 def load_session(path: str | os.PathLike[str]) -> BisectSession:
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_SESSION_BYTES + 1)
+        raw = read_regular(path, MAX_SESSION_BYTES)   # a FIFO is refused at once, never waited on
+    except FileTooBig:
+        raise BisectError(f"{path}: too big for a session file") from None
     except OSError as exc:
         raise BisectError(f"{path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_SESSION_BYTES:
-        raise BisectError(f"{path}: too big for a session file")
     try:
         return parse_session(raw.decode("utf-8"))
     except UnicodeDecodeError:

@@ -8,9 +8,11 @@ a first bad op made by a fusion pass is named with its passes (``suspect``'s ``g
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import NamedTuple
 
 from .graph import GeGraph, GraphFormatError, read_graph_file
 from .report import FusionReport, FusionReportError, load_reports
@@ -41,24 +43,47 @@ def _newest(paths: list[Path]) -> Path | None:
     return max(paths, key=mtime) if paths else None
 
 
-def discover(root: Path, limit: int = MAX_WALK) -> tuple[Path | None, Path | None]:
-    """The newest fusion report and GE build graph under ``root`` (symlinks not followed)."""
+class Found(NamedTuple):
+    """What :func:`discover` found: the newest report and graph, and why the walk stopped early."""
+
+    report: Path | None
+    graph: Path | None
+    cut_short: str | None = None   # the walk met its bound before it had seen every folder
+
+
+def discover(root: Path, limit: int = MAX_WALK) -> Found:
+    """The newest fusion report and GE build graph under ``root`` (symlinks not followed).
+    Breadth-first, shallow folders first (a job's ``graphs/`` beside a big ``dump/`` is reached),
+    names in sorted order; at most ``limit`` entries looked at, and ``cut_short`` says so."""
     reports: list[Path] = []
     graphs: list[Path] = []
     seen = 0
     base = root if root.is_dir() else root.parent
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames.sort()
-        for name in filenames:
+    queue: deque[Path] = deque([base])
+    while queue:
+        folder = queue.popleft()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
             seen += 1
-            if fnmatch(name, REPORT_GLOB):
-                reports.append(Path(dirpath) / name)
-            elif any(fnmatch(name, g) for g in GRAPH_GLOBS):
-                graphs.append(Path(dirpath) / name)
-        seen += len(dirnames)
-        if seen > limit:
-            break
-    return _newest(reports), _newest(graphs)
+            if seen > limit:
+                return Found(_newest(reports), _newest(graphs),
+                             f"{base}: searched the first {limit} entries for fusion reports and graphs, "
+                             f"not the rest (name the files, or their folder, to use them)")
+            try:
+                is_dir = e.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if is_dir:
+                queue.append(Path(e.path))
+            elif fnmatch(e.name, REPORT_GLOB):
+                reports.append(Path(e.path))
+            elif any(fnmatch(e.name, g) for g in GRAPH_GLOBS):
+                graphs.append(Path(e.path))
+    return Found(_newest(reports), _newest(graphs))
 
 
 def load_context(graph: str | None = None, reports: list[str] | None = None, root: Path | None = None,
@@ -67,7 +92,9 @@ def load_context(graph: str | None = None, reports: list[str] | None = None, roo
     ctx = FusionContext()
     found_report = found_graph = None
     if root is not None and (graph is None or not reports):
-        found_report, found_graph = discover(root)
+        found_report, found_graph, cut_short = discover(root)
+        if cut_short:
+            ctx.errors.append(cut_short)
     graph_file = graph or (str(found_graph) if found_graph else None)
     report_files = reports or ([str(found_report)] if found_report else [])
     if graph_file:

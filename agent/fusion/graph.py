@@ -20,10 +20,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Union
 
+from ..safeio import FileTooBig, read_regular
 from . import FusionFileError, prototext
 from .prototext import Message
 
 MAX_GRAPH_BYTES = 512 << 20  # a Build graph without weights (DUMP_GE_GRAPH=2) is far smaller
+MAX_STRING = 64 << 10        # longer strings of a GE text graph (weights) are skipped, not decoded
 PASS_NAME = "pass_name"
 ORIGINAL_OPS = "_datadump_original_op_names"
 ORIGIN_NAME = "_datadump_origin_name"
@@ -200,7 +202,7 @@ def parse_ge_text(text: str, file: str, max_depth: int = prototext.MAX_DEPTH) ->
         return False
 
     try:
-        root = prototext.parse(text, max_depth=max_depth, on_close=on_close)
+        root = prototext.parse(text, max_depth=max_depth, on_close=on_close, max_string=MAX_STRING)
     except prototext.ProtoTextError as exc:
         raise GraphFormatError(file, f"protobuf text: {exc}") from None
     if pending:  # a bare GraphDef: ops at the top level
@@ -218,15 +220,11 @@ def read_graph_file(path: str | os.PathLike[str], max_bytes: int = MAX_GRAPH_BYT
     """Read an ATC JSON graph or a GE text dump (told apart by the first character)."""
     file = str(path)
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > max_bytes:
-                raise GraphFormatError(file, f"too big: {size} bytes (limit {max_bytes})")
-            raw = fh.read(max_bytes + 1)
+        raw = read_regular(path, max_bytes)   # a FIFO is refused at once, never waited on
+    except FileTooBig as exc:
+        raise GraphFormatError(file, str(exc)) from None
     except OSError as exc:
         raise GraphFormatError(file, exc.strerror or str(exc)) from None
-    if len(raw) > max_bytes:
-        raise GraphFormatError(file, f"too big: over {max_bytes} bytes")
     text = raw.decode("utf-8", "surrogateescape").lstrip("\ufeff")
     if not text.strip():
         raise GraphFormatError(file, "empty file")

@@ -9,6 +9,9 @@ concatenate), integers, floats and bare identifiers (enum values, true/false, in
 Bounds: nesting depth (an explicit stack, never Python recursion) and the text size the caller
 reads. A message can be handed to a callback as soon as it closes (``on_close``) so that a big
 graph need not be held whole: the callback returns True to drop the message from its parent.
+Strings longer than ``max_string`` (a graph's weights) are kept as they stand in the text
+(:class:`Unread`), never decoded. The parse beats the calling thread's heartbeat
+(``health.beat``) every few thousand tokens, so a long parse on a worker is not taken for a hang.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
+from ..health import beat
+
 MAX_DEPTH = 64
+BEAT_EVERY = 4096  # tokens between heartbeats: a few milliseconds of parsing
 
 Scalar = Union[str, int, float, bool]
 Value = Union[Scalar, "Message"]
@@ -53,10 +59,19 @@ class Enum(str):
     """A bare identifier value (an enum name such as DT_FLOAT), kept apart from quoted strings."""
 
 
+class Unread(str):
+    """A quoted string over ``max_string`` characters, its body as it stands in the text (escapes
+    not decoded): a graph's weights, which nobody reads, cost no decoding."""
+
+
 _TOKEN = re.compile(r"""
   (?:[ \t\r\n\f\v]+|\#[^\n]*)*             # whitespace and comments, skipped with the token
   (?:
-    (?P<str>"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')
+    (?P<kv>(?P<kn>[A-Za-z_][A-Za-z0-9_]*)[ \t\r\n]*:[ \t\r\n]*   # the common "name: value" in one token
+      (?:(?P<ks>"[^"\\\n]*(?:\\.[^"\\\n]*)*")
+       | (?P<kd>[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[fF]?(?![A-Za-z_]))
+       | (?P<ki>-?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)))
+  | (?P<str>"[^"\\\n]*(?:\\.[^"\\\n]*)*"|'[^'\\\n]*(?:\\.[^'\\\n]*)*')   # unrolled: one step per run
   | (?P<num>[-+]?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)[fF]?(?![A-Za-z_]))
   | (?P<id>-?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)
   | (?P<p>[{}<>:\[\],;])
@@ -116,11 +131,24 @@ def _scalar(kind: str, text: str) -> Scalar:
 _FIELD, _AFTER_NAME, _VALUE, _LIST_VALUE, _LIST_SEP = range(5)
 
 
+def _misplaced(state: int, name: str, key: str) -> str:
+    """The error for a ``key: value`` token where no field may start."""
+    if state == _AFTER_NAME:
+        return f"expected ':' or '{{' after {name!r}, got {key!r}"
+    if state == _VALUE:
+        return "expected a field name, got ':'"
+    if state == _LIST_VALUE:
+        return f"expected ',' or ']' in the list of {name!r}, got ':'"
+    return f"expected ',' or ']' in the list of {name!r}, got {key!r}"
+
+
 def parse(text: str, max_depth: int = MAX_DEPTH,
-          on_close: Callable[[list[str], Message], bool] | None = None) -> Message:
+          on_close: Callable[[list[str], Message], bool] | None = None, max_string: int | None = None,
+          ) -> Message:
     """Parse a whole text-format message. ``on_close(path, msg)`` sees each sub-message when it
     closes (``path``: the field names from the top, the message's own last); returning True drops
-    it from its parent. One pass over the tokens with a small state machine (no recursion)."""
+    it from its parent. Strings longer than ``max_string`` stay :class:`Unread`. One pass over the
+    tokens with a small state machine (no recursion)."""
     root = current = Message()
     stack: list[tuple[Message, str, str]] = []  # (parent, field name, closing bracket)
     names: list[str] = []
@@ -130,15 +158,32 @@ def parse(text: str, max_depth: int = MAX_DEPTH,
         at = m.start(m.lastgroup or 0) if m is not None else len(text)
         return ProtoTextError(text.count("\n", 0, at) + 1, reason)
 
-    def string(m: re.Match[str]) -> str:
+    def string(m: re.Match[str], group: str = "str") -> str:
+        body = m.group(group)[1:-1]
+        if max_string is not None and len(body) > max_string:
+            return Unread(body)
         try:
-            return unescape(m.group("str")[1:-1])
+            return unescape(body)
         except ValueError as exc:
             raise fail(m, str(exc)) from None
 
-    for m in _TOKEN.finditer(text):
+    for count, m in enumerate(_TOKEN.finditer(text)):
+        if not count % BEAT_EVERY:
+            beat()
         kind = m.lastgroup
         if kind is None:  # the end of the text
+            continue
+        if kind == "kv":
+            if state != _FIELD:  # what the tokens one by one would have said
+                raise fail(m, _misplaced(state, name, m.group("kn")))
+            name = m.group("kn")
+            if m.group("ks") is not None:
+                current.fields.append((name, string(m, "ks")))
+                concat = True
+            else:
+                num = m.group("kd")
+                current.fields.append((name, _scalar("num", num) if num is not None else _scalar("id", m.group("ki"))))
+                concat = False
             continue
         tok = m.group(kind)
         if kind == "str":
@@ -148,7 +193,10 @@ def parse(text: str, max_depth: int = MAX_DEPTH,
                 continue
             if concat:  # adjacent quoted strings concatenate
                 key, prev = current.fields[-1]
-                current.fields[-1] = (key, f"{prev}{string(m)}")
+                more = string(m)
+                joined = f"{prev}{more}"
+                current.fields[-1] = (key, Unread(joined) if isinstance(prev, Unread) or isinstance(more, Unread)
+                                      else joined)
                 continue
         concat = False
         if kind == "bad":

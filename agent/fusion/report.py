@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..safeio import FileTooBig, read_regular
 from . import FusionFileError
 
 MAX_REPORT_BYTES = 64 << 20  # a real report is a few KB; refuse anything that could exhaust memory
@@ -103,7 +104,8 @@ def _count(file: str, where: str, value: object) -> int:
         raise FusionReportError(file, f"{where}: not a count: {value!r}")
     if isinstance(value, int):
         n = value
-    elif isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= _MAX_COUNT_DIGITS:
+    elif (isinstance(value, str) and value.strip().isascii() and value.strip().isdigit()   # not "²"
+          and len(value.strip()) <= _MAX_COUNT_DIGITS):
         n = int(value.strip())
     else:
         raise FusionReportError(file, f"{where}: not a count: {str(value)[:40]!r}")
@@ -208,15 +210,11 @@ def read_report_file(path: str | os.PathLike[str], max_bytes: int = MAX_REPORT_B
     """Read one ``fusion_result.json``; FusionReportError when it is missing, too big or malformed."""
     file = str(path)
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > max_bytes:
-                raise FusionReportError(file, f"too big: {size} bytes (limit {max_bytes}); not a fusion report")
-            raw = fh.read(max_bytes + 1)
+        raw = read_regular(path, max_bytes)   # a FIFO is refused at once, never waited on
+    except FileTooBig as exc:
+        raise FusionReportError(file, f"{exc}; not a fusion report") from None
     except OSError as exc:
         raise FusionReportError(file, exc.strerror or str(exc)) from None
-    if len(raw) > max_bytes:  # grew while we read it
-        raise FusionReportError(file, f"too big: over {max_bytes} bytes; not a fusion report")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

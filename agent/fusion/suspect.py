@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from ..safeio import FileTooBig, read_regular
 from .graph import GeGraph
 from .report import FusionReport
 from .switch import SwitchError, switch_off
@@ -71,10 +72,8 @@ class FusionSuspect:
 
 def _entries(path: Path) -> list[FusedApi]:
     try:
-        if path.stat().st_size > MAX_CATALOGUE_BYTES:
-            raise CatalogueError(f"{path}: larger than {MAX_CATALOGUE_BYTES} bytes")
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        doc = yaml.safe_load(read_regular(path, MAX_CATALOGUE_BYTES).decode("utf-8"))
+    except (OSError, FileTooBig, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise CatalogueError(f"{path}: {exc}") from None
     items = doc.get("fused_apis") if isinstance(doc, dict) else None
     if not isinstance(items, list):
@@ -100,6 +99,20 @@ def catalogue(extra: str | None = None) -> tuple[FusedApi, ...]:
 
 def _default_catalogue() -> tuple[FusedApi, ...]:
     return catalogue(os.environ.get(ENV_EXTRA) or None)
+
+
+CATALOGUE_ERROR_PATH = "fusion catalogue"   # the ``path`` of its entry in a result's ``errors``
+
+
+def catalogue_error() -> str | None:
+    """Why the catalogue in force (the shipped one plus ``$PRECISION_AGENT_FUSED_APIS``) cannot be
+    read, None when it can: ``scan`` and ``compare`` list it in their ``errors`` rather than
+    quietly naming no fused API."""
+    try:
+        _default_catalogue()
+    except CatalogueError as exc:
+        return str(exc)
+    return None
 
 
 @functools.lru_cache(maxsize=1024)

@@ -9,6 +9,7 @@ dumps with the fusion-on run's executed graph (msaccucmp's one-to-one and many-t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +153,26 @@ def test_without_construct_json_the_fused_api_is_found_by_execution_order(tmp_pa
         f.unlink()
     rc, c = cli("compare", FIX / "off", on)
     assert rc == 1 and c["first_diverging_op"]["op"] == ATTN and c["fusion_suspect"]["fused_ops"] == [SDPA]
+
+
+def _with_catalogue(path: Path, *args: object) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "precision_agent", *map(str, args), "--json"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PRECISION_AGENT_FUSED_APIS": str(path)})
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_a_broken_user_catalogue_is_an_error_not_a_silent_switch_off(tmp_path):
+    """$PRECISION_AGENT_FUSED_APIS names a broken file: `fusion_suspect` stays null | {op, kind, ...}
+    (null here), and the reason is listed in `errors` (path "fusion catalogue") of scan and compare."""
+    bad = tmp_path / "apis.yml"
+    bad.write_text("fused_apis: [{api: x}]\n")
+    _, r = _with_catalogue(bad, "scan", FIX / "on_nan")
+    assert r["first_nonfinite"]["op"] == SDPA and r["fusion_suspect"] is None
+    (e,) = [e for e in r["errors"] if e["path"] == "fusion catalogue"]
+    assert str(bad) in e["reason"] and "needs 'api'" in e["reason"]
+    _, c = _with_catalogue(bad, "compare", FIX / "off", FIX / "on_fault")
+    assert c["fusion_suspect"] is None
+    (e,) = [e for e in c["errors"] if e["path"] == "fusion catalogue"]
+    assert str(bad) in e["reason"]

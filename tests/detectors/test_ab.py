@@ -4,6 +4,7 @@ through ``judge`` and through the real pipeline with the shipped FusionSuspected
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -90,6 +91,29 @@ def test_shipped_rule_fires_on_a_nan_only_with_fusion_on_and_names_the_pair():
     fs = [f for f in p.findings if f.rule == "FusionSuspected"]
     assert len(fs) == 1
     assert dict(fs[0].labels) == {"job": "llama", "severity": "ticket"}
+    assert fs[0].evidence["check"] == "nonfinite_loss" and fs[0].evidence["suspect_step"] == 25
+
+
+@pytest.mark.parametrize("after_nan", ["stops", "keeps_printing_nan"])
+def test_shipped_rule_fires_when_the_fusion_on_run_is_ahead(after_nan):
+    """The common case: the fusion-on run hits NaN at step 25 before the fusion-off run got there;
+    the verdict comes when the fusion-off run passes step 25, whether the fusion-on run stopped
+    or keeps printing NaN."""
+    p = shipped()
+    for s in range(1, 21):
+        feed(p, "off", s, LOSS, 3.0 - s * 0.01)
+    last = 25 if after_nan == "stops" else 40
+    for s in range(1, last + 1):
+        feed(p, "on", s, LOSS, 3.0 - s * 0.01 if s < 25 else math.nan)
+    assert not [f for f in p.findings if f.rule == "FusionSuspected"]  # fusion off has not reached 25
+    for s in range(21, 25):
+        feed(p, "off", s, LOSS, 3.0 - s * 0.01)
+    assert not [f for f in p.findings if f.rule == "FusionSuspected"]
+    for s in range(25, 31):
+        feed(p, "off", s, LOSS, 3.0 - s * 0.01)
+    fs = [f for f in p.findings if f.rule == "FusionSuspected"]
+    assert len(fs) == 1, fs
+    assert fs[0].step == 25 and dict(fs[0].labels) == {"job": "llama", "severity": "ticket"}
     assert fs[0].evidence["check"] == "nonfinite_loss" and fs[0].evidence["suspect_step"] == 25
 
 
@@ -206,3 +230,38 @@ def test_cli_verdicts_on_curve_pairs(tmp_path, case, verdict, rc):
     code, out = _fusion_ab(tmp_path / "on.log", tmp_path / "off.log")
     assert (out["verdict"], code) == (verdict, rc), out
     assert set(out) == {"verdict", "steps_compared", "evidence"}
+
+
+def _borderline(steps: int = 200) -> tuple[dict[int, float], dict[int, float]]:
+    """Fusion on 5 % higher on 34 of every 50 steps, 1 % lower on the rest: a sign test at
+    p = 0.0077 in each half, significant at the shipped rule's alpha 0.01, not at 0.001."""
+    off = {s: 3.0 for s in range(1, steps + 1)}
+    on = {s: 3.0 * (1.05 if s % 50 < 34 else 0.99) for s in off}
+    return on, off
+
+
+def test_cli_judges_with_the_shipped_rules_parameters(tmp_path):
+    """`fusion ab` on two logs says what the live FusionSuspected rule says of the same curves;
+    --alpha / --min-gap override the rule's parameters."""
+    import subprocess
+    import sys
+    on, off = _borderline()
+    p = shipped()
+    for s in on:
+        feed(p, "off", s, LOSS, off[s])
+        feed(p, "on", s, LOSS, on[s])
+    live = [f.evidence for f in p.findings if f.rule == "FusionSuspected"]
+    assert live and all(ev["check"] == "loss_gap" and ev["alpha"] == 0.01 for ev in live)
+    description = [f for f in p.findings if f.rule == "FusionSuspected"][0].annotations["description"]
+    assert "the loss with fusion=on is higher by a median 5 % (above 2 %)" in description, description
+    _megatron_log(tmp_path / "on.log", {s: f"{v:.6E}" for s, v in on.items()})
+    _megatron_log(tmp_path / "off.log", {s: f"{v:.6E}" for s, v in off.items()})
+    code, out = _fusion_ab(tmp_path / "on.log", tmp_path / "off.log")
+    assert (out["verdict"], code) == ("fusion_suspected", 1) and out["evidence"]["alpha"] == 0.01
+    for extra in (["--alpha", "0.001"], ["--min-gap", "0.1"]):
+        proc = subprocess.run([sys.executable, "-m", "precision_agent", "fusion", "ab", str(tmp_path / "on.log"),
+                               str(tmp_path / "off.log"), "--json", *extra], capture_output=True, text=True, timeout=120)
+        assert (json.loads(proc.stdout)["verdict"], proc.returncode) == ("no_difference", 0), extra
+    proc = subprocess.run([sys.executable, "-m", "precision_agent", "fusion", "ab", str(tmp_path / "on.log"),
+                           str(tmp_path / "off.log"), "--alpha", "0.9"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "alpha" in proc.stderr

@@ -130,6 +130,18 @@ def test_dashboard_structure() -> None:
     assert set(MAY_BE_EMPTY) <= titles
 
 
+def test_fusion_panel_shows_both_fusion_alerts() -> None:
+    """FusionSuspected comes from the curves (no op) and from dumps (labelled with op, and with the
+    watch's job): the panel keeps op and job, and its description covers both."""
+    (panel,) = [p for p in _panels(_dashboard()) if p["title"] == "Fusion suspected"]
+    (target,) = panel["targets"]
+    grouping = re.search(r"max by \(([^)]*)\)", target["expr"])
+    assert grouping and {"instance", "job", "run", "rank", "op", "alertstate"} <= {
+        g.strip() for g in grouping.group(1).split(",")}
+    d = panel["description"]
+    assert "precision-fusion-dumps" in d and "fusion=\"off\"" in d and "fusion_switch.cfg" in d
+
+
 def test_dashboard_is_package_data() -> None:
     shipped = resources.files("precision_agent.exporters").joinpath("grafana/precision-agent.json")
     assert json.loads(shipped.read_text(encoding="utf-8")) == _dashboard()

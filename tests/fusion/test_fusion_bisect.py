@@ -190,3 +190,18 @@ def test_cli_bisect_inconsistent_and_bad_input(tmp_path):
     bad_rep.write_text("{")
     p = cli("bisect", "--passes", bad_rep, "--session", tmp_path / "b.json")
     assert p.returncode == 2 and "bad fusion report" in p.stderr
+
+
+@pytest.mark.parametrize("number", ['"x"', "null", "[1]", "true", "-1", '"\\u00b2"'])
+def test_a_corrupt_round_number_in_the_session_file_is_a_clear_error(tmp_path, number):
+    rep = tmp_path / "fusion_result.json"
+    rep.write_text(report_text(5))
+    session = tmp_path / "bisect.json"
+    assert cli("bisect", "--passes", rep, "--session", session, "--json").returncode == 0
+    doc = json.loads(session.read_text())
+    doc["rounds"][0]["round"] = json.loads(number)
+    session.write_text(json.dumps(doc))
+    with pytest.raises(BisectError, match="round .* is not a number"):
+        parse_session(session.read_text())
+    p = cli("bisect", "--session", session, "--result", "good")
+    assert p.returncode == 2 and p.stdout == "" and "is not a number" in p.stderr and "Traceback" not in p.stderr

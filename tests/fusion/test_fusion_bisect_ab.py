@@ -74,3 +74,24 @@ def test_from_ab_without_enough_steps_records_nothing(tmp_path):
     p = cli("bisect", "--session", session, "--from-ab", tmp_path / "missing.log", off_log)
     assert p.returncode == 2 and "missing.log" in p.stderr
     assert session.read_text() == before
+
+
+def test_from_ab_uses_the_shipped_rules_alpha(tmp_path):
+    """A round whose loss gap is significant at the live rule's alpha (0.01) but not at 0.001 is bad."""
+    def log(path: Path, ratio) -> Path:
+        with open(path, "w") as f:
+            for it in range(1, 201):
+                f.write(f" iteration {it:>8}/    1000 | consumed samples: {it * 8:>12} | learning rate: 1.0E-04 | "
+                        f"global batch size:     8 | lm loss: {3.0 * ratio(it):.6E} | loss scale: 65536.0 | "
+                        f"grad norm: 1.2 | number of skipped iterations:   0 | number of nan iterations:   0 |\n")
+        return path
+    rep = tmp_path / "fusion_result.json"
+    rep.write_text(report_text(4))
+    session = tmp_path / "bisect.json"
+    assert cli("bisect", "--passes", rep, "--session", session, "--json").returncode == 0
+    round_log = log(tmp_path / "round1.log", lambda it: 1.05 if it % 50 < 34 else 0.99)
+    off_log = log(tmp_path / "off.log", lambda it: 1.0)
+    p = cli("bisect", "--session", session, "--from-ab", round_log, off_log, "--json")
+    assert p.returncode == 0, p.stderr
+    ab = json.loads(p.stdout)["from_ab"]
+    assert (ab["verdict"], ab["result"], ab["evidence"]["alpha"]) == ("fusion_suspected", "bad", 0.01)

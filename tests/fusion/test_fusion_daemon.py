@@ -171,3 +171,75 @@ def test_fusion_suspected_with_the_passes_reaches_a_real_alertmanager(tmp_path):
             assert agent.stop() == 0
         finally:
             agent.kill()
+
+
+def test_a_broken_user_catalogue_is_counted_once_as_a_config_error(tmp_path):
+    """The daemon with $PRECISION_AGENT_FUSED_APIS naming a broken file: the scans of two steps whose
+    first bad op is a fused API count one `config` error between them, no silent switch-off."""
+    bad = tmp_path / "apis.yml"
+    bad.write_text("fused_apis: 3\n")
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    cfg = tmp_path / "agent.yml"
+    cfg.write_text(json.dumps({"dump_settle": "0.5s", "watches": [{"kind": "dump", "path": str(dumps)}]}))
+    agent = AgentProcess(tmp_path / "nolog", tmp_path / "state", "--config", str(cfg)).start(
+        env={"PRECISION_AGENT_FUSED_APIS": str(bad)})
+    try:
+        subprocess.run(["cp", "-r", str(FIX / "on_nan" / "step0"), str(dumps / "step0")], check=True, timeout=60)
+        wait_for(lambda: agent.metric("precision_agent_errors_total", kind="config") == 1, timeout=30,
+                 what="the catalogue's config error")
+        scanned = agent.metric("precision_agent_dump_files_scanned_total")
+        subprocess.run(["cp", "-r", str(FIX / "on_nan" / "step0"), str(dumps / "step1")], check=True, timeout=60)
+        wait_for(lambda: agent.metric("precision_agent_dump_files_scanned_total") == 2 * scanned, timeout=30,
+                 what="the second step scanned")
+        assert agent.metric("precision_agent_errors_total", kind="config") == 1
+        assert agent.metric("precision_agent_errors_total", kind="scan") == 0
+        assert not [a for a in agent.alerts() if a["alertname"] == "FusionSuspected"]
+        assert "fusion catalogue" in agent.stderr()
+    finally:
+        agent.stop()
+
+
+OVERFLOW_JOB = r"""
+import json, sys
+from pathlib import Path
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from support import dumps as W
+from support.dumps import ge_text
+workdir, dumps = Path(sys.argv[2]), Path(sys.argv[3])
+ops = [{"name": "fz", "type": "FusedOp", "attrs": {"pass_name": ["MatMulBiasAddFusionPass"],
+        "_datadump_original_op_names": ["mm_1", "bias_1"]}, "outputs": [{}]}]
+(workdir / "ge_proto_00000001_Build.txt").write_text(ge_text([("g", ops)]))
+(workdir / "fusion_result.json").write_text(json.dumps(
+    {"graph_fusion": {"MatMulBiasAddFusionPass": {"match_times": "1", "effect_times": "1"}}}))
+d = dumps / "step1"
+d.mkdir(parents=True)
+one, sat = np.ones((2, 3), np.float16), np.array([65504.0, 1.0, 2.0], np.float16)   # saturates, stays finite
+ts = 1_700_000_000_000
+for i, (t, n, ins, outs) in enumerate([("MatMul", "mm_0", [one], [one]), ("FusedOp", "fz", [one], [sat])]):
+    W.write_cann_dump(str(d / W.dump_name(t, n, i + 1, 0, ts + i)), inputs=[W.tensor(a) for a in ins],
+                      outputs=[W.tensor(a) for a in outs])
+W.write_opdebug(str(d / W.opdebug_name(9, 0, ts + 5)), W.new_record(0, [1, 0, 2, 0, 65535, 65535, 0, 0, 0, 0], [0x20]))
+"""
+
+
+def test_an_opdebug_overflow_at_a_fused_op_fires_fusion_suspected_in_the_daemon(tmp_path):
+    """No op turned NaN/Inf; Opdebug says the op two passes made overflowed: FusionSuspected, found by
+    dump_overflow, with the switch file in its description (what Alertmanager's receivers see)."""
+    dumps, workdir = tmp_path / "dumps", tmp_path / "job"
+    dumps.mkdir()
+    workdir.mkdir()
+    agent = _daemon(tmp_path, {"path": str(dumps), "labels": {"job": "llama"}, "fusion_files": [str(workdir)]})
+    try:
+        subprocess.run([sys.executable, "-c", OVERFLOW_JOB, str(TESTS), str(workdir), str(dumps)], check=True,
+                       timeout=60)
+        wait_for(lambda: agent.metric("precision_agent_alerts", alertname="FusionSuspected", alertstate="firing",
+                                      op="fz", job="llama"), timeout=30, what="FusionSuspected on an overflow")
+        alert = _fusion_alert(agent, "fz")
+        assert alert["evidence"]["evidence"]["found_by"] == "dump_overflow"
+        assert ('The fusion_switch.cfg that turns off exactly it: {"Switch": {"GraphFusion": '
+                '{"MatMulBiasAddFusionPass": "off"}, "UBFusion": {}}}') in alert["annotations"]["description"]
+        assert agent.metric("precision_agent_alerts", alertname="DumpOverflow", op="fz") == 1.0
+    finally:
+        agent.stop()

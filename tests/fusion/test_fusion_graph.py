@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import corpus_path
 from precision_agent.fusion import prototext
-from precision_agent.fusion.graph import GraphFormatError, parse_atc_json, read_graph_file
+from precision_agent.fusion.graph import GraphFormatError, parse_atc_json, parse_ge_text, read_graph_file
 from support.dumps import ge_text
 
 
@@ -214,3 +214,27 @@ def test_any_text_gives_a_graph_or_a_clear_error(pieces):
         assert exc.file == "f.txt" and exc.reason
     else:
         assert all(isinstance(o.name, str) and isinstance(o.passes, tuple) for o in g.ops)
+
+
+def test_a_long_parse_beats_the_heartbeat_and_skips_weights():
+    """The parser beats the calling thread's heartbeat as it goes (a cancelled one stops it, as it
+    stops a dump scan), and a weight string is kept as it stands, not decoded."""
+    from precision_agent import health
+    from support.dumps import ge_text
+    ops = [{"name": f"op{i}", "type": "Add", "attrs": {"pass_name": ["P"]}, "outputs": [{}]} for i in range(2000)]
+    text = ge_text([("g", ops)])
+    hb = health.Heartbeat("scan", busy=True)
+    hb.cancelled = True
+    health.bind(hb)
+    try:
+        with pytest.raises(health.Cancelled):
+            prototext.parse(text)
+    finally:
+        health.bind(None)
+    weights = "\\000\\200?" * 30000
+    root = prototext.parse(f'name: "g" t {{ data: "{weights}" }} s: "a\\tb"', max_string=1000)
+    data = root.messages("t")[0].get("data")
+    assert isinstance(data, prototext.Unread) and data == weights and root.get("s") == "a\tb"
+    i = text.rindex("}")
+    g = parse_ge_text(text[:i] + f'  op {{\n    name: "w"\n    type: "Const"\n    attr {{ key: "value" value {{ t {{ data: "{weights * 3}" }} }} }}\n  }}\n' + text[i:], "x")
+    assert len(g.ops) == 2001 and g.ops[-1].type == "Const"

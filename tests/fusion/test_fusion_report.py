@@ -203,3 +203,54 @@ def test_any_json_gives_a_report_or_a_clear_error(docs, cut):
             assert exc.file == "f.json" and exc.reason
         else:
             assert all(c.effect_times >= 0 for g in graphs for c in g.graph_fusion.values())
+
+
+@pytest.mark.parametrize("what", ["passes", "graph", "bisect"])
+def test_cli_refuses_a_fifo_named_like_a_fusion_file_at_once(tmp_path, what):
+    """A FIFO named fusion_result.json (or a graph, or a session file) is refused with a clear error;
+    a plain open() would wait forever for a writer (cli's timeout fails the test then)."""
+    import os
+    name = {"passes": "fusion_result.json", "graph": "ge_proto_00000001_Build.txt", "bisect": "s.json"}[what]
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    args = {"passes": ("passes", fifo, "--json"), "graph": ("graph", fifo),
+            "bisect": ("bisect", "--session", fifo, "--json")}[what]
+    p = cli(*args)
+    assert p.returncode == 2 and p.stdout == ""
+    assert f"{fifo}" in p.stderr and "not a regular file (a FIFO)" in p.stderr
+
+
+def test_discovery_reaches_a_shallow_graphs_folder_after_a_big_dump_and_says_when_cut_short(tmp_path):
+    """The compiler's files in a tree (scan, and the daemon's pickup): breadth-first, so graphs/
+    beside a dump/ of more entries than the walk's bound is reached; a walk that stops early says so."""
+    from precision_agent.daemon.fusionfiles import FusionPickup
+    from precision_agent.fusion.context import MAX_WALK, discover, load_context
+    deep = tmp_path / "dump" / "deep"
+    deep.mkdir(parents=True)
+    for i in range(MAX_WALK + 50):
+        (deep / f"op_{i:05d}.npy").touch()
+    (tmp_path / "graphs").mkdir()
+    g = tmp_path / "graphs" / "ge_proto_00000001_Build.txt"
+    g.write_text('graph { name: "g" op { name: "f" type: "X" } }\n')
+    rep = tmp_path / "graphs" / "fusion_result.json"
+    rep.write_text(json.dumps({"graph_fusion": {"P": {"match_times": "1", "effect_times": "1"}}}))
+    found = discover(tmp_path)
+    assert (found.report, found.graph) == (rep, g)
+    assert found.cut_short and f"first {MAX_WALK} entries" in found.cut_short
+    ctx = load_context(root=tmp_path)
+    assert ctx.report is not None and ctx.graph is not None
+    assert len(ctx.errors) == 1 and f"first {MAX_WALK} entries" in ctx.errors[0]
+    daemon = FusionPickup(lambda unit: ("job", [tmp_path])).context("/job/step1")
+    assert daemon.graph is not None and any(f"first {MAX_WALK} entries" in e for e in daemon.errors)
+    assert discover(tmp_path / "graphs").cut_short is None
+
+
+@pytest.mark.parametrize("count", ["²", "١٢", "3\u00b3"])
+def test_non_ascii_digit_counts_are_clear_errors_not_crashes(tmp_path, count):
+    """"²".isdigit() is True but int("²") raises: such a count is a bad report (exit 2), not a crash."""
+    f = tmp_path / "fusion_result.json"
+    f.write_text(json.dumps({"graph_fusion": {"P": {"match_times": count, "effect_times": "1"}}}), encoding="utf-8")
+    with pytest.raises(FusionReportError, match="P.match_times: not a count"):
+        read_report_file(f)
+    p = cli("passes", f, "--json")
+    assert p.returncode == 2 and "not a count" in p.stderr and "Traceback" not in p.stderr

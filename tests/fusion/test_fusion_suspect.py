@@ -157,3 +157,31 @@ def test_scan_names_the_passes_behind_a_bad_graph_op_from_the_files_in_the_tree(
     (tmp_path / "broken.json").write_text("{")
     code, r2 = cli("scan", d, "--fusion-report", tmp_path / "broken.json")
     assert any(e["path"] == "fusion" for e in r2["errors"]) and code in (1, 2)
+
+
+def test_an_overflow_at_a_fused_graph_op_raises_fusion_suspected(tmp_path):
+    """No op turned NaN/Inf, but Opdebug says the fused op overflowed first (its fp16 outputs
+    saturate): scan names the passes and FusionSuspected fires, found by dump_overflow."""
+    from support import dumps as W
+    from support.dumps import ge_text
+    ts = 1_709_294_400_000_000
+    one, sat = np.ones((2, 3), np.float16), np.array([65504.0, 1.0, 2.0], np.float16)
+    d = W.ge_step_dir(str(tmp_path), 0, 1)
+    W.write_ops(d, [("MatMul", "mm_1", 10, [one, one], [one]), ("AddLayerNorm", "add_layernorm_fused", 11, [one], [sat])],
+                ts)
+    W.write_opdebug(f"{d}/{W.opdebug_name(9, 0, ts + 5)}", W.new_record(0, [1, 0, 11, 0, 65535, 65535, 0, 0, 0, 0],
+                                                                         [0x20]))
+    ops = [{"name": "add_layernorm_fused", "type": "AddLayerNorm",
+            "attrs": {"pass_name": ["AddLayerNormFusionPass"], "_datadump_original_op_names": ["add_1", "ln_1"]},
+            "outputs": [{}]}]
+    (tmp_path / "ge_proto_00000001_Build.txt").write_text(ge_text([("g", ops)]))
+    (tmp_path / "fusion_result.json").write_text(json.dumps({
+        "graph_fusion": {"AddLayerNormFusionPass": {"match_times": "1", "effect_times": "1"}}}))
+    _, r = cli("scan", tmp_path)
+    assert r["first_nonfinite"] is None and r["overflows"][0]["op"] == "add_layernorm_fused"
+    assert r["fusion_suspect"]["passes"] == ["AddLayerNormFusionPass"]
+    (f,) = [f for f in r["findings"] if f["rule"] == "FusionSuspected"]
+    assert f["op"] == "add_layernorm_fused" and f["evidence"]["found_by"] == "dump_overflow"
+    assert f["evidence"]["switch_cfg"] == {"Switch": {"GraphFusion": {"AddLayerNormFusionPass": "off"},
+                                                      "UBFusion": {}}}
+    assert f["summary"].startswith("add_layernorm_fused is fused (AddLayerNormFusionPass)")
