@@ -25,9 +25,9 @@ import fcntl
 import json
 import math
 import os
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator
 
 from ..safeio import FileTooBig, read_regular
@@ -250,10 +250,16 @@ def save_session(path: str | os.PathLike[str], s: BisectSession) -> None:
 @contextmanager
 def locked(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold ``<session>.lock`` so that two commands on one session run one after the other."""
-    lock = Path(f"{os.fspath(path)}.lock")
-    with open(lock, "a") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    lock = f"{os.fspath(path)}.lock"
+    # created if missing, never blocking on open: a FIFO or device in its place is an error
+    fd = os.open(lock, os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BisectError(f"{lock}: not a regular file; refused as the session's lock file")
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -4,14 +4,13 @@ back-to-back files, bad files; ``precision-agent fusion passes`` as a real comma
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import corpus_path
+from support.fusion import cli, report_text
 from precision_agent.fusion.report import (MAX_REPORT_BYTES, FusionReportError, load_reports, merge,
                                            parse_report_text, read_report_file)
 
@@ -24,11 +23,6 @@ PHOTO_GRAPH = ["AABiasaddConvFusion", "BatchNormBnInferFusionPass", "ConcatCToNO
                "Conv2DbpInputBiasAddFusionPass", "ConvBatchnormFusionPass", "HostBNFusionPass",
                "MulMaximumFusionPass", "TransposedUpdateFusionPass"]
 PHOTO_UB = ["AutomaticUbFusion", "TbeCommonRules0FusionPass", "TbeDxElemwisePass", "TbeEltwiseFusionPass"]
-
-
-def cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "precision_agent", "fusion", *map(str, args)],
-                          capture_output=True, text=True, timeout=60)
 
 
 def _effective_tables(report) -> tuple[list[str], list[str]]:
@@ -254,3 +248,13 @@ def test_non_ascii_digit_counts_are_clear_errors_not_crashes(tmp_path, count):
         read_report_file(f)
     p = cli("passes", f, "--json")
     assert p.returncode == 2 and "not a count" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_refuses_a_fifo_as_the_session_lock_at_once(tmp_path):
+    """The session's lock file is opened without blocking: a FIFO in its place is a clear error."""
+    import os
+    (tmp_path / "r.json").write_text(report_text(4))
+    os.mkfifo(tmp_path / "s.json.lock")
+    p = cli("bisect", "--passes", tmp_path / "r.json", "--session", tmp_path / "s.json", "--json")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "s.json.lock" in p.stderr and "not a regular file" in p.stderr
