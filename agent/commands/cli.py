@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from .tools import add_fail_on, exit_status, progress_bar, rules_dirs, run_quietly_on_closed_pipe
+from .tools import add_fail_on, add_rules_test_args, exit_status, progress_bar, rules_dirs, run_command
 from ..errors import DEFAULT_LISTEN, ConfigError
 from ..model import json_safe
 
@@ -208,8 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("paths", nargs="*", help="rule files or directories (default: the shipped rules)")
     rc.set_defaults(func=cmd_rules_check, rules=None)
     rt = rsub.add_parser("test", help="unit-test rule files (like promtool test rules)")
-    rt.add_argument("files", nargs="+", help="test files (YAML; see docs/rules-testing.md)")
-    rt.add_argument("--run", metavar="REGEX", help="only the tests whose name matches this regex")
+    add_rules_test_args(rt)
     rt.set_defaults(func=cmd_rules_test, rules=None)
 
     d = sub.add_parser("demo", help="start the agent on a simulated training job and show alerts firing")
@@ -225,13 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_CONFIG
-    from .. import kernels
-    try:  # a bad PRECISION_AGENT_KERNELS fails every command at start, not mid-scan
-        kernels.check()
-    except kernels.KernelError as exc:
-        print(f"precision-agent: bad environment: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    return run_quietly_on_closed_pipe(args.func, args)
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

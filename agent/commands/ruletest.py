@@ -30,6 +30,7 @@ from ..model import AlertState, Sample, SourcePos, make_labels
 from ..engine.pipeline import Pipeline
 from ..readers.logstream import LogStream
 from ..engine.rulefile import RuleSet, default_rules_dir, load_rule_file, rule_files
+from .tools import add_rules_test_args, run_command
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_FILE = 0, 1, 2
 T0 = 1_700_000_000.0      # the simulated clock's zero: an ordinary epoch time, never "unset" (0)
@@ -301,8 +302,15 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m precision_agent.commands.ruletest test FILE...``: the same as ``precision-agent rules test``."""
-    from .cli import main as cli_main  # one definition of the command line, in agent/commands/cli.py
-    return cli_main(["rules", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="python -m precision_agent.commands.ruletest",
+                                     description="unit-test rule files (like promtool test rules)")
+    sub = parser.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
+    add_rules_test_args(sub.add_parser("test", help="unit-test rule files"))
+    args = parser.parse_args(argv)
+    if args.rules_command != "test":
+        parser.print_help()
+        return EXIT_BAD_FILE
+    return run_command(run, args)
 
 
 if __name__ == "__main__":

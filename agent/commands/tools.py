@@ -43,6 +43,25 @@ def exit_status(findings: Iterable[dict[str, Any]], errors: Iterable[Any], fail_
     return EXIT_ERRORS if any(True for _ in errors) else EXIT_OK
 
 
+def add_rules_test_args(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``rules test`` (``precision-agent rules test`` and ``python -m
+    precision_agent.commands.ruletest test`` are the same command)."""
+    p.add_argument("files", nargs="+", help="test files (YAML; see docs/rules-testing.md)")
+    p.add_argument("--run", metavar="REGEX", help="only the tests whose name matches this regex")
+
+
+def run_command(func, args: argparse.Namespace) -> int:
+    """Run a parsed command: a bad ``PRECISION_AGENT_KERNELS`` fails every command at start (2),
+    not mid-scan; a closed stdout ends it quietly."""
+    from .. import kernels
+    try:
+        kernels.check()
+    except kernels.KernelError as exc:
+        print(f"precision-agent: bad environment: {exc}", file=sys.stderr)
+        return EXIT_ERRORS
+    return run_quietly_on_closed_pipe(func, args)
+
+
 def run_quietly_on_closed_pipe(func, *args: Any) -> int:
     """Run a command; when stdout's reader has gone (``| head``), end with 141 and no traceback.
 
