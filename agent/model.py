@@ -35,6 +35,9 @@ NONFINITE_MESSAGE = "nonfinite_message"  # an explicit trainer message that loss
 PRECISION = "precision"        # the run's precision as the log states it (attrs: mode, scaler, source)
 TRAINING_END = "training_end"  # the trainer announced the normal end of training (attrs: marker)
 HINT_METRICS = frozenset({PRECISION, TRAINING_END})
+# The reader's own health (agent/readers/yields.py): judged by rules, kept in no training series
+LOG_UNRECOGNIZED = "log_unrecognized"  # a followed file grows but yields no record (1), or records again (0)
+READER_METRICS = frozenset({LOG_UNRECOGNIZED})
 
 TRAINING_METRICS = (LOSS, EVAL_LOSS, GRAD_NORM, LOSS_SCALE, LEARNING_RATE)
 

@@ -20,9 +20,10 @@ def alerts_json(pipeline: Pipeline) -> dict[str, Any]:
 
 
 def status_json(health: Health, pipeline: Pipeline, streams: Mapping[str, LogStream], watches: Iterable[Watch],
-                modes: Mapping[str, str]) -> dict[str, Any]:
-    """Watches (with their watch mode), followed files, series, rules and their errors, counters,
-    kernels in use."""
+                modes: Mapping[str, str], blind: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Watches (with their watch mode), followed files (with ``unrecognized``: null, or why the
+    agent reads no record from the file, agent/readers/yields.py), series, rules and their errors,
+    counters, kernels in use."""
     counters, errors, gauges = health.snapshot()
     with pipeline.lock:
         series = [{"labels": dict(s.labels), **s.to_dict(), "loss_scaling": s.loss_scaling}
@@ -30,8 +31,9 @@ def status_json(health: Health, pipeline: Pipeline, streams: Mapping[str, LogStr
         rule_errors = {f: str(e) for f, e in pipeline.rules.errors.items()}
         rules = [{"alert": r.name, "kind": r.spec.kind, "file": r.file, "group": r.group}
                  for r in pipeline.rules.rules]
-    files = [{"path": p, "format": s.format, "lines": s.stats.lines, "records": s.stats.records}
-             for p, s in list(streams.items())]
+    blind = blind or {}
+    files = [{"path": p, "format": s.format, "lines": s.stats.lines, "records": s.stats.records,
+              "unrecognized": blind.get(p)} for p, s in list(streams.items())]
     watches = [{"path": str(w.path), "kind": w.kind, "labels": w.labels,
                 "mode": modes.get(str(w.path), "pending")} for w in watches]
     return {"version": __version__, "ready": bool(gauges["ready"]), "kernels": kernels.active(),

@@ -86,7 +86,9 @@ class AgentCollector(Collector):
                             ("ready", "1 once watches are set up and the agent is processing."),
                             ("last_commit_timestamp_seconds", "Time of the last state-store commit."),
                             ("config_restart_needed", "1 while the config file on disk differs from the "
-                             "running configuration in a setting that takes effect at restart.")):
+                             "running configuration in a setting that takes effect at restart."),
+                            ("log_files_unrecognized", "Followed files that grow but yield no record (no parser "
+                             "recognises them, or their records stopped): LogFormatUnrecognized, LogRecordsStopped.")):
             g = GaugeMetricFamily(P + name, help_)
             g.add_metric([], gauges[name])
             yield g

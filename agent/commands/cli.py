@@ -103,7 +103,22 @@ def cmd_replay(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(format_report(result))
-    return exit_status(result["findings"], [], args.fail_on)
+    blind = _unrecognized(path, result)
+    return exit_status(result["findings"], blind, args.fail_on)
+
+
+def _unrecognized(path: Path, result: dict[str, Any]) -> list[str]:
+    """A file without a single training record: say so on stderr (the daemon's ticket
+    LogFormatUnrecognized), and it counts as an error (exit 2), never as a clean replay."""
+    if result["unrecognized"] is None:
+        return []
+    what = f"no training record recognised in {result['lines']} line(s)" if result["lines"] else "an empty file"
+    print(f"precision-agent: {path}: {what}: the agent would be blind to this log "
+          "(name its format with --format, or give a --pattern)", file=sys.stderr)
+    sample = result["unrecognized"]["sample"]
+    if sample:
+        print("precision-agent: its last lines:\n" + "\n".join("  " + s for s in sample), file=sys.stderr)
+    return [what]
 
 
 def cmd_rules_check(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """``replay``: run a finished log through the same reader, parsers, series state and rules the
 daemon uses, and summarise what the agent would have seen and said.
 
-JSON contract (one object): ``file, format, records, steps{first,last}, loss_scale{first,min,
+JSON contract (one object): ``file, format, lines, records, unrecognized{sample[]} | null, steps{first,last}, loss_scale{first,min,
 last,decreases,increases} | null, overflow_steps, nonfinite[{metric,step,line}],
 spikes[{metric,step,line,value}], findings[{rule,kind,severity,step,line,summary}], precision,
 loss_scaling, finished, attempts``.
@@ -64,7 +64,11 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
     return {
         "file": str(path),
         "format": stream.format,
+        "lines": stream.stats.lines,
         "records": stream.stats.records,
+        # no training record at all: the agent would be blind to this file (the daemon's
+        # LogFormatUnrecognized); its last lines tell what it holds
+        "unrecognized": None if stream.stats.records else {"sample": stream.sample_lines()},
         "steps": _steps(series),
         "loss_scale": _loss_scale(series),
         "overflow_steps": sum(s.overflow_steps for s in series),
@@ -110,7 +114,7 @@ def format_report(r: dict[str, Any]) -> str:
     """The human-readable replay report."""
     lines = [f"file:           {r['file']}",
              f"format:         {r['format'] or 'unknown'}",
-             f"records:        {r['records']}",
+             f"records:        {r['records']} (of {r['lines']} lines)",
              f"steps:          {r['steps']['first']} .. {r['steps']['last']}"]
     ls = r["loss_scale"]
     if ls:

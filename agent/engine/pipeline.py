@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Protocol
 from .alerts import AlertBook
 from ..detectors import Clear, Detector, Hit
 from ..detectors.base import slots_of
-from ..model import HINT_METRICS, Alert, Finding, Labels, Sample
+from ..model import HINT_METRICS, READER_METRICS, Alert, Finding, Labels, Sample
 from .rulefile import Rule, RuleSet
 from ..series.state import SeriesState
 
@@ -183,12 +183,15 @@ class Pipeline:
                 if sample.metric in HINT_METRICS:
                     self._hint(sample)
                     continue
-                series = self.series_for(sample.labels)
-                self.dirty_series.add(sample.labels)
-                attempt = series.attempt
-                accepted_samples = series.ingest(sample)
-                if series.attempt != attempt:
-                    self._new_attempt(series.labels, sample.time)
+                if sample.metric in READER_METRICS:  # the reader's own health: judged, no series kept
+                    series, accepted_samples = SeriesState(sample.labels), [sample]
+                else:
+                    series = self.series_for(sample.labels)
+                    self.dirty_series.add(sample.labels)
+                    attempt = series.attempt
+                    accepted_samples = series.ingest(sample)
+                    if series.attempt != attempt:
+                        self._new_attempt(series.labels, sample.time)
                 for accepted in accepted_samples:
                     if self.on_accepted is not None:
                         self.on_accepted(accepted, series)

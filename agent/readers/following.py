@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import OrderedDict
 from typing import Callable, Iterable
 
@@ -19,6 +20,7 @@ from .logstream import LogStream
 from .parsers import UnknownFormat
 from .runs import run_labels
 from .tailer import TailEvent, TailPosition
+from .yields import YieldWatch
 
 log = logging.getLogger("precision_agent")
 
@@ -43,6 +45,8 @@ class Follower:
         self._open_lru: OrderedDict[str, None] = OrderedDict()  # streams holding a descriptor
         self._refused: set[str] = set()  # files not followed because of limits.max_files
         self._gone: set[str] = set()      # deleted files still read through their open descriptor
+        lim = config.limits  # files that grow but yield no record: the agent says it is blind
+        self.yields = YieldWatch(lim.unrecognized_lines, lim.unrecognized_after, lim.unrecognized_min_lines)
 
     def resync(self, touch_dump: Callable[[str], None]) -> list[str]:
         """Paths that may have changed, derived from the file system itself: new files, and
@@ -101,6 +105,7 @@ class Follower:
                 self.sink(samples)
             st = stream.stats
             if st.lines != before[0]:
+                self._judge_yield(path, stream)  # before the counters move: a verdict is never behind them
                 self.health.inc("log_lines_read", st.lines - before[0])
                 self.health.inc("log_bytes_read", st.bytes - before[1])
                 self.health.inc("log_records_parsed", st.records - before[2])
@@ -120,6 +125,7 @@ class Follower:
                 self._gone.discard(path)  # it came back (a new file under the same name)
         self._limit_open_files(paths)
         self.health.set("watched_log_files", len(self.streams))
+        self.health.set("log_files_unrecognized", self.yields.blind)
         return touched
 
     def positions(self, paths: Iterable[str]) -> dict[str, TailPosition]:
@@ -135,7 +141,17 @@ class Follower:
         for s in self.streams.values():
             s.close()
 
+    def _judge_yield(self, path: str, stream: LogStream) -> None:
+        """Units read against records yielded (yields.py): a verdict sample when blind or fed again."""
+        st = stream.stats
+        verdicts = self.yields.update(path, stream.base_labels, st.lines - st.chatter, st.records, time.time(),
+                                      stream.sample_lines)
+        if verdicts:
+            self.sink(verdicts)
+
     def _drop(self, path: str) -> None:
+        if verdicts := self.yields.forget(path, time.time()):
+            self.sink(verdicts)
         self._gone.discard(path)
         stream = self.streams.pop(path)
         stream.close()

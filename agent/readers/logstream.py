@@ -16,6 +16,7 @@ from ..model import Labels, Sample, SourcePos, SourcePosDraft, far_apart, make_l
 from .parsers import Block, CompositeParser
 from .parsers.base import strip_ansi
 from .tailer import LogTailer, TailPosition, TextBlock
+from .yields import chatter, tail_lines
 
 
 @contextmanager
@@ -46,6 +47,7 @@ class StreamStats:
     records: int = 0
     truncated_lines: int = 0
     duplicates: int = 0
+    chatter: int = 0  # blank lines, progress-bar frames, NCCL debug lines of blocks without a record (yields.py)
 
 
 _INTERNED: dict[Labels, Labels] = {}  # equal label sets of different files share one tuple
@@ -64,7 +66,7 @@ class LogStream:
     producer for the copy filter. Parser instances are shared between files."""
 
     __slots__ = ("path", "base_labels", "parser", "tailer", "stats", "_labels_cache", "_last",
-                 "_no_copies", "_generation")
+                 "_no_copies", "_generation", "_unparsed")
 
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, fmt: str = "auto",
                  position: TailPosition | None = None, *, start_at_end: bool = False,
@@ -80,6 +82,7 @@ class LogStream:
         self._last: dict[str, tuple[str, int, float | None]] = {}  # producer -> last record
         self._no_copies = self.parser.no_copies
         self._generation: tuple[int, int] | None = None
+        self._unparsed: list[str] = []  # the last lines of blocks without a record (yields.py)
 
     @property
     def format(self) -> str | None:
@@ -108,6 +111,11 @@ class LogStream:
 
     def close(self) -> None:
         self.tailer.close()
+
+    def sample_lines(self) -> list[str]:
+        """A few of the last lines read since the last record (cleaned, bounded): what the file
+        holds when no parser recognises it."""
+        return list(self._unparsed)
 
     def _labels(self, rank: str | None):
         lab = self._labels_cache.get(rank)
@@ -147,7 +155,13 @@ class LogStream:
             # ANSI colour codes never contain a newline, so stripping keeps line numbers exact
             block = Block(strip_ansi(tb.text), tb.first_line)
             records = self.parser.parse(block)
-            stats.records += len(records) - self.parser.hint_records
+            n_records = len(records) - self.parser.hint_records
+            stats.records += n_records
+            if n_records:
+                self._unparsed.clear()
+            else:
+                stats.chatter += chatter(block.text)
+                tail_lines(block.text, self._unparsed)
             text = block.text
             held, prev = None, None  # the producer whose last record is in ``prev`` (not in ``last``)
             for rec in records:

@@ -1,6 +1,7 @@
 """`replay --json` on the real Megatron and DeepSpeed logs of ../shared/corpus/logs agrees with
 INDEX.md: loss-scale first/min/last, observed decreases, overflow steps, no NaN where none."""
 
+import json
 import subprocess
 import sys
 
@@ -54,8 +55,9 @@ def test_replay_report_and_contract_on_generated_log(tmp_path):
     log = tmp_path / "train.log"
     simulated_job(log, iterations=45, pause=0)
     r = replay_json(log)
-    assert set(r) == {"file", "format", "records", "steps", "loss_scale", "overflow_steps", "nonfinite", "spikes",
-                      "findings", "precision", "loss_scaling", "finished", "attempts"}
+    assert set(r) == {"file", "format", "lines", "records", "unrecognized", "steps", "loss_scale", "overflow_steps",
+                      "nonfinite", "spikes", "findings", "precision", "loss_scaling", "finished", "attempts"}
+    assert r["unrecognized"] is None and r["lines"] >= r["records"] > 0
     assert r["format"] == "megatron" and r["steps"] == {"first": 1, "last": 45}
     assert r["loss_scale"]["first"] == 65536.0 and r["loss_scale"]["min"] == 1.0
     assert r["loss_scale"]["decreases"] == 16 and r["overflow_steps"] == 16
@@ -67,3 +69,32 @@ def test_replay_report_and_contract_on_generated_log(tmp_path):
     text = subprocess.run([sys.executable, "-m", "precision_agent", "replay", str(log)], capture_output=True,
                           text=True, timeout=60).stdout
     assert "first 65536, min 1, last 1; 16 decrease(s)" in text and "LossScaleAtFloor" in text
+
+
+def test_replay_of_an_unrecognised_file_says_so_and_exits_2(tmp_path):
+    """A log no parser recognises is no clean replay: stderr names the problem and the file's last
+    lines, the exit status is 2 (README's exit-status table), the JSON still comes on stdout."""
+    log = tmp_path / "train.log"
+    log.write_text("".join(f"\x1b[32mworker {i}\x1b[0m: prefetching shard {i}\n" for i in range(300)))
+    for args in ([], ["--json"]):
+        r = subprocess.run([sys.executable, "-m", "precision_agent", "replay", str(log), *args], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        assert "no training record recognised in 300 line(s)" in r.stderr and str(log) in r.stderr
+        assert "worker 299: prefetching shard 299" in r.stderr and "\x1b" not in r.stderr
+    out = json.loads(r.stdout)
+    assert out["records"] == 0 and out["lines"] == 300
+    assert out["unrecognized"]["sample"][-1] == "worker 299: prefetching shard 299"
+    assert len(out["unrecognized"]["sample"]) == 5
+    empty = tmp_path / "empty.log"
+    empty.touch()
+    r = subprocess.run([sys.executable, "-m", "precision_agent", "replay", str(empty)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "an empty file" in r.stderr
+    # a recognised log is still a clean replay
+    good = tmp_path / "good.log"
+    good.write_text("".join(f" iteration {i:>8}/    1000 | lm loss: 4.2E+00 | loss scale: 65536.0 | grad norm: 1.5 |\n"
+                            for i in range(1, 20)))
+    r = subprocess.run([sys.executable, "-m", "precision_agent", "replay", str(good)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "blind" not in r.stderr, r.stderr

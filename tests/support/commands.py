@@ -11,10 +11,11 @@ from typing import Any
 
 def replay_json(path: Path | str) -> dict[str, Any]:
     """``precision-agent replay --json PATH``; its exit status must agree with its findings
-    (README: 1 when a page or critical finding is reported, else 0)."""
+    (README: 1 when a page or critical finding is reported, else 2 when no record was recognised
+    in the file, else 0)."""
     proc = subprocess.run([sys.executable, "-m", "precision_agent", "replay", "--json", str(path)],
                           capture_output=True, text=True, timeout=120)
     r = json.loads(proc.stdout)
     paging = any(f["severity"] in ("page", "critical") for f in r["findings"])
-    assert proc.returncode == (1 if paging else 0), proc.stderr
+    assert proc.returncode == (1 if paging else 2 if r["unrecognized"] else 0), proc.stderr
     return r
