@@ -42,28 +42,45 @@ _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # Lines that are never records and say nothing about the format: blank ones (also behind a
 # docker-compose "service  | " prefix), progress-bar frames (tqdm, rich: "45%|###  | 45/100 [00:10<...",
 # one per line in docker logs), NCCL's debug chatter. They do not count as units: an evaluation
-# that draws thousands of frames between two records is no sign of blindness.
-_CHATTER_RE = re.compile(r"^(?:(?:[\w.-]+ +\| ?)?[ \t]*|[^\n]*?(?:\d%\||\d+/\d+ \[\d|\bNCCL (?:INFO|WARN)\b)[^\n]*)$",
-                         re.M)
+# that draws thousands of frames between two records is no sign of blindness. Two plain scans,
+# linear in the text whatever it holds (hostile lines of a megabyte included).
+_BLANK_RE = re.compile(r"^(?:[\w.-]{1,64} +\| ?)?[ \t]*$", re.M)
+_PROGRESS_RE = re.compile(r"%\||/\d{1,12} \[\d|NCCL (?:INFO|WARN)")
+
+
+def chatter(text: str) -> int:
+    """How many lines of ``text`` (complete lines, each ending in a newline) are chatter."""
+    end = len(text) - 1
+    if end < 0:
+        return 0
+    n = len(_BLANK_RE.findall(text, 0, end))
+    pos, search, find = 0, _PROGRESS_RE.search, text.find
+    while (m := search(text, pos, end)) is not None:  # one count per line, then on to the next line
+        n += 1
+        pos = find("\n", m.end()) + 1
+        if pos <= 0:
+            break
+    return n
+
 
 UNRECOGNIZED, STOPPED = "unrecognized", "stopped"
 
 
 def clean_line(line: str) -> str:
-    """A log line fit for an alert's evidence: control characters out, bounded length."""
-    line = _CONTROL_RE.sub("", strip_ansi(line).replace("\t", " ")).strip()
+    """A log line fit for an alert's evidence: ANSI and control characters out, bounded length."""
+    line = _CONTROL_RE.sub("", strip_ansi(line[:4 * SAMPLE_LINE_CHARS]).replace("\t", " ")).strip()
     return line if len(line) <= SAMPLE_LINE_CHARS else line[:SAMPLE_LINE_CHARS - 1] + "…"
 
 
-def chatter(text: str) -> int:
-    """How many lines of ``text`` (complete lines, each ending in a newline) are chatter."""
-    return len(_CHATTER_RE.findall(text, 0, len(text) - 1)) if text else 0
+def _is_chatter(line: str) -> bool:
+    return _BLANK_RE.match(line) is not None or _PROGRESS_RE.search(line) is not None
 
 
 def tail_lines(text: str, keep: list[str]) -> None:
     """Put the last lines of ``text`` that are not chatter at the end of ``keep`` (at most
     SAMPLE_LINES), cleaned; only the last few dozen lines are looked at."""
-    lines = [c for x in text.rsplit("\n", 48)[-48:] if not _CHATTER_RE.match(x) and (c := clean_line(x))]
+    heads = (x[:4 * SAMPLE_LINE_CHARS] for x in text.rsplit("\n", 48)[-48:])  # long lines: their start
+    lines = [c for x in heads if not _is_chatter(x) and (c := clean_line(x))]
     keep.extend(lines[-SAMPLE_LINES:])
     del keep[:-SAMPLE_LINES]
 
