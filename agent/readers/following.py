@@ -142,10 +142,11 @@ class Follower:
             s.close()
 
     def _judge_yield(self, path: str, stream: LogStream) -> None:
-        """Units read against records yielded (yields.py): a verdict sample when blind or fed again."""
+        """Units read against records yielded (yields.py): a verdict sample when blind or fed again.
+        Any reader takes part: its stats' ``lines`` (units) and ``records``, less its ``chatter``."""
         st = stream.stats
-        verdicts = self.yields.update(path, stream.base_labels, st.lines - st.chatter, st.records, time.time(),
-                                      stream.sample_lines)
+        verdicts = self.yields.update(path, stream.base_labels, st.lines - getattr(st, "chatter", 0), st.records,
+                                      time.time(), getattr(stream, "sample_lines", list))
         if verdicts:
             self.sink(verdicts)
 

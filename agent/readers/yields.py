@@ -19,9 +19,14 @@ less ``rank``: ``train.err`` beside ``train.log``, rank 1's log beside rank 0's)
 The verdict is a sample of the reader-health metric ``log_unrecognized`` (value 1: blind,
 evidence in ``attrs``; value 0: records again), labelled with the file's run labels and ``file``;
 the ``unrecognized_log`` rule kind turns it into the alerts ``LogFormatUnrecognized`` and
-``LogRecordsStopped`` (rules/agent.yml). While the condition holds the sample is sent again
+``LogRecordsStopped`` (rules/readers.yml). While the condition holds the sample is sent again
 (at most once a minute, only while the file grows), so the alert stays firing and resolves after
-the rule's ``resolve_after`` once the file stops growing, is excluded or is removed.
+the rule's ``resolve_after`` once the file stops growing or is excluded; a deleted file's verdict
+is withdrawn at once (``forget``). Another reader (event files, CSV) takes part by handing its
+own units and records to ``update``, and a ``samples`` callable (or ``lambda: []``).
+
+Not persisted: after a restart each file is judged afresh (a stop is then seen as
+``unrecognized``, and the gaps between records are learnt again).
 """
 
 from __future__ import annotations
