@@ -4,7 +4,9 @@ daemon uses, and summarise what the agent would have seen and said.
 JSON contract (one object): ``file, format, records, steps{first,last}, loss_scale{first,min,
 last,decreases,increases} | null, overflow_steps, nonfinite[{metric,step,line}],
 spikes[{metric,step,line,value}], findings[{rule,kind,severity,step,line,summary}], precision,
-loss_scaling, finished, attempts``.
+loss_scaling, finished, attempts, skipped, warnings``. A TensorBoard event file or CSV metric log
+(agent/readers/streams.py) gives the same object (``format`` ``tfevents`` or ``csv``, ``line`` the
+record or row number, ``skipped`` the records not read, ``warnings`` one line per cause).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any, Callable
 
 from ..model import NONFINITE_MESSAGE, OVERFLOW, Sample
 from ..engine.pipeline import Pipeline
-from ..readers.logstream import LogStream
+from ..readers.filecursor import MetricFileStream
+from ..readers.metricmap import current_map
+from ..readers.streams import open_stream
 from ..engine.rulefile import RuleSet
 from ..series.state import SeriesState
 
@@ -39,7 +43,7 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
             nonfinite.append({"metric": metric, "step": _step(sample, series), "line": sample.source.line})
 
     pipeline.on_accepted = watch
-    stream = LogStream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20, pattern=pattern)
+    stream = open_stream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20, pattern=pattern)
     try:
         now = time.time()
         size = os.stat(path).st_size if progress is not None else 0
@@ -76,7 +80,17 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
         "loss_scaling": _loss_scaling(series),
         "finished": any(s.finished for s in series),
         "attempts": max((s.attempt for s in series), default=1),
+        "skipped": stream.stats.skipped,
+        "warnings": _warnings(stream),
     }
+
+
+def _warnings(stream: Any) -> list[str]:
+    """What the structured readers say once per cause (damaged records), and a broken user map."""
+    if not isinstance(stream, MetricFileStream):
+        return []
+    why = current_map()[1]
+    return ([f"metric map: {why}"] if why else []) + list(stream.parser.errors)
 
 
 def _loss_scaling(series: list[SeriesState]) -> str:
@@ -122,6 +136,9 @@ def format_report(r: dict[str, Any]) -> str:
                  + ("; training finished" if r["finished"] else "")
                  + (f"; {r['attempts']} attempts" if r["attempts"] > 1 else ""))
     lines.append(f"overflow steps: {r['overflow_steps']}")
+    if r.get("skipped"):
+        lines.append(f"skipped:        {r['skipped']} damaged or torn record(s)")
+    lines += [f"warning:        {w}" for w in r.get("warnings", ())]
     if r["nonfinite"]:
         first = r["nonfinite"][0]
         lines.append(f"non-finite:     {len(r['nonfinite'])} value(s); first {first['metric']} at line {first['line']}"

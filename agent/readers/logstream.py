@@ -46,6 +46,7 @@ class StreamStats:
     records: int = 0
     truncated_lines: int = 0
     duplicates: int = 0
+    skipped: int = 0  # records of a structured metric file not read (bad CRC, damaged): filecursor.py
 
 
 _INTERNED: dict[Labels, Labels] = {}  # equal label sets of different files share one tuple
