@@ -121,6 +121,7 @@ class CsvStream(MetricFileStream):
             cur.offset = at
             return True
         if old <= set(self._columns):
+            self._header = b""  # search again at the next poll, whatever the header is then
             return False  # the rewrite is still being written: wait for the rows already read
         cur.restart("rewritten with other columns and fewer rows: another run's file; reading from its start",
                     TailEvent.TRUNCATED)

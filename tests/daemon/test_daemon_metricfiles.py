@@ -61,7 +61,7 @@ def test_csv_rewritten_mid_run_and_healthy_event_files(tmp_path):
         shutil.copytree(event_file(case).parent, logs / case / event_file(case).parent.name)
     version = logs / "lightning_logs" / "version_0"
     version.mkdir(parents=True)
-    early, final = before_rewrite(csv_file("lightning_nan"), "grad_norm")
+    early, final = before_rewrite("lightning_nan")
     assert b"nan" not in early
     agent = AgentProcess(logs, state).start()
     try:

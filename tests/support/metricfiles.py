@@ -36,21 +36,10 @@ def records(path: Path) -> list[bytes]:
     return out
 
 
-def before_rewrite(path: Path, column: str) -> tuple[bytes, bytes]:
-    """A CSVLogger file as it was before ``column`` appeared (its rows without that column, in the
-    writer's ``\\r\\n`` lines), and the rest of the final file's rows: the real file is the state
-    after the logger's rewrite."""
-    import csv
-    import io
-    text = path.read_text()
-    rows = list(csv.DictReader(io.StringIO(text, newline="")))
-    first = next(i for i, r in enumerate(rows) if r[column] != "")
-    keys = [k for k in rows[0] if k != column]
-    buf = io.StringIO(newline="")
-    w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
-    w.writeheader()
-    w.writerows(rows[:first])
-    return buf.getvalue().encode(), text.encode()
+def before_rewrite(case: str) -> tuple[bytes, bytes]:
+    """A CSVLogger file as the logger wrote it just before a new column made it rewrite the file
+    (make.py copied it then), and the final file."""
+    return (FIXTURES / case / "metrics_before_rewrite.csv").read_bytes(), csv_file(case).read_bytes()
 
 
 APPENDER = r"""
