@@ -52,9 +52,11 @@ def as_view(data: bytes | memoryview) -> memoryview:
     return buf
 
 
-def decode_wire(data: bytes | memoryview, depth: int = 0) -> dict[int, list[tuple[int, Any]]]:
+def decode_wire(data: bytes | memoryview, depth: int = 0,
+                max_fields: int = MAX_FIELDS) -> dict[int, list[tuple[int, Any]]]:
     """One message level as field number -> [(wire type, value)]: varints and fixed values as
-    unsigned ints, length-delimited values as memoryviews of ``data``."""
+    unsigned ints, length-delimited values as memoryviews of ``data``; at most ``max_fields`` values
+    (a caller that knows its schema bounds the work a hostile message costs)."""
     if depth > MAX_DEPTH:
         raise WireError(f"protobuf: nesting deeper than {MAX_DEPTH}")
     buf = as_view(data)
@@ -89,6 +91,6 @@ def decode_wire(data: bytes | memoryview, depth: int = 0) -> dict[int, list[tupl
             raise WireError(f"protobuf: unsupported wire type {wire} (field {field})")
         out.setdefault(field, []).append((wire, value))
         count += 1
-        if count > MAX_FIELDS:
-            raise WireError(f"protobuf: more than {MAX_FIELDS} fields in one message")
+        if count > max_fields:
+            raise WireError(f"protobuf: more than {max_fields} fields in one message")
     return out

@@ -31,6 +31,9 @@ from .metricmap import MetricMap, current_map
 CHUNK = 1 << 20
 _FLOAT_TYPES = {1: ("<f", 4), 2: ("<d", 8), 19: ("<e", 2), 14: ("bf16", 2)}  # DT_FLOAT, DOUBLE, HALF, BFLOAT16
 _I64 = 1 << 63
+# values per message level: an Event has ~4 fields, a Summary.Value ~4, a scalar TensorProto ~4,
+# a merged Summary up to a few hundred values; beyond these the message is hostile, not big
+EVENT_FIELDS, SUMMARY_VALUES, VALUE_FIELDS = 64, 16384, 64
 
 
 def _one(fields: dict[int, list[tuple[int, Any]]], number: int, wire: int) -> Any:
@@ -47,16 +50,16 @@ def _bf16(bits: int) -> float:
 
 def _tensor_scalar(data: memoryview) -> float | None:
     """The value of a one-element floating-point TensorProto, None for anything else."""
-    t = decode_wire(data, 1)
+    t = decode_wire(data, 1, VALUE_FIELDS)
     dtype = _one(t, 1, 0)
     if dtype not in _FLOAT_TYPES:
         return None
     shape = _one(t, 2, 2)
     if shape is not None:
         n = 1
-        for wire, dim in decode_wire(shape, 2).get(2, ()):
+        for wire, dim in decode_wire(shape, 2, VALUE_FIELDS).get(2, ()):
             if wire == 2:
-                size = _one(decode_wire(dim, 3), 1, 0)
+                size = _one(decode_wire(dim, 3, VALUE_FIELDS), 1, 0)
                 n *= 0 if size is None else size
         if n != 1:
             return None
@@ -95,7 +98,7 @@ def _packed_fixed(vals: list[tuple[int, Any]] | None, wire_one: int, fmt: str) -
 
 def decode_event(data: bytes | memoryview, mmap: MetricMap) -> tuple[float | None, int | None, list[tuple[str, float]]]:
     """``(wall_time, step, [(metric, value)])`` of one Event; raises WireError for damaged bytes."""
-    ev = decode_wire(data)
+    ev = decode_wire(data, 0, EVENT_FIELDS)
     wt = _one(ev, 1, 1)
     wall = struct.unpack("<d", wt.to_bytes(8, "little"))[0] if wt is not None else None
     if wall is not None and not math.isfinite(wall):
@@ -107,10 +110,10 @@ def decode_event(data: bytes | memoryview, mmap: MetricMap) -> tuple[float | Non
     summary = _one(ev, 5, 2)
     if summary is None:
         return wall, step, out
-    for wire, value in decode_wire(summary, 1).get(1, ()):
+    for wire, value in decode_wire(summary, 1, SUMMARY_VALUES).get(1, ()):
         if wire != 2:
             continue
-        v = decode_wire(value, 2)
+        v = decode_wire(value, 2, VALUE_FIELDS)
         tag = _one(v, 1, 2)
         if tag is None or len(tag) > 256:
             continue
@@ -208,7 +211,8 @@ class TfEventsStream(MetricFileStream):
         try:
             wall, step, values = decode_event(data, mmap)
         except (WireError, struct.error, OverflowError) as exc:
-            if not tfrecord.data_ok(view, at + tfrecord.HEADER, length):
+            # which of the two: worth a CRC only for a record of a scalar's size
+            if length <= 1 << 16 and not tfrecord.data_ok(view, at + tfrecord.HEADER, length):
                 self.skipped("crc", f"record at byte {offset} fails its CRC; skipped")
             else:
                 self.skipped("decode", f"record at byte {offset} is not an Event ({exc}); skipped")

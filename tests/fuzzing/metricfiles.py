@@ -89,16 +89,14 @@ def _make_events(rng: random.Random) -> tuple[bytes, int, int]:
             parts.insert(i, tfrecord.frame(_hostile_event(rng)))
         elif op == 1:
             parts.insert(i, _hostile_header(rng) + bytes(rng.randrange(256) for _ in range(rng.randint(0, 64))))
-        elif op == 2 and parts:
-            j = rng.randrange(len(parts))
-            parts[j] = mutate_bytes(rng, parts[j], hot=16)
+        elif op == 2 and parts and parts[i - 1]:
+            parts[i - 1] = mutate_bytes(rng, parts[i - 1], hot=16)
         elif op == 3:
             parts.insert(i, bytes(rng.randrange(256) for _ in range(rng.randint(1, 300))))
-        elif parts:                       # a bad data CRC on a real record
-            j = rng.randrange(len(parts))
-            b = bytearray(parts[j])
+        elif parts and parts[i - 1]:      # a bad data CRC on a real record
+            b = bytearray(parts[i - 1])
             b[-1 - rng.randrange(min(4, len(b)))] ^= 0xFF
-            parts[j] = bytes(b)
+            parts[i - 1] = bytes(b)
     body = b"".join(parts)
     return body, rng.randint(0, len(body)), rng.choice((64, 200, 1 << 20))
 
