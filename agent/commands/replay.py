@@ -4,9 +4,9 @@ daemon uses, and summarise what the agent would have seen and said.
 JSON contract (one object): ``file, format, records, steps{first,last}, loss_scale{first,min,
 last,decreases,increases} | null, overflow_steps, nonfinite[{metric,step,line}],
 spikes[{metric,step,line,value}], findings[{rule,kind,severity,step,line,summary}], precision,
-loss_scaling, finished, attempts, skipped, warnings``. A TensorBoard event file or CSV metric log
-(agent/readers/streams.py) gives the same object (``format`` ``tfevents`` or ``csv``, ``line`` the
-record or row number, ``skipped`` the records not read, ``warnings`` one line per cause).
+loss_scaling, finished, attempts``. A TensorBoard event file or CSV metric log (agent/readers/streams.py)
+gives the same object (``format`` ``tfevents`` or ``csv``, ``line`` the record or row number); the
+records it could not read (bad CRC, damaged, torn at the end) go to ``warn``, one line per cause.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ Progress = Callable[[int, int, int, int | None], None]  # (bytes read, file size
 
 
 def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str] | None = None,
-           pattern: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
+           pattern: str | None = None, progress: Progress | None = None,
+           warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     # fresh detectors: a rule set reused across files must not carry one file's history into the next
     pipeline = Pipeline(rules.fresh(), max_series=1 << 20, keep_findings=100_000)
     nonfinite: list[dict[str, Any]] = []
@@ -59,6 +60,9 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
             progress(size, size, stream.stats.lines, None)
     finally:
         stream.close()
+    if warn is not None:
+        for message in _warnings(stream):
+            warn(message)
     series = list(pipeline.series.values())
     findings = [{"rule": f.rule, "kind": f.kind, "severity": f.severity, "step": f.step,
                  "line": f.source.line if f.source else None, "summary": f.annotations.get("summary") or f.summary}
@@ -80,17 +84,19 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
         "loss_scaling": _loss_scaling(series),
         "finished": any(s.finished for s in series),
         "attempts": max((s.attempt for s in series), default=1),
-        "skipped": stream.stats.skipped,
-        "warnings": _warnings(stream),
     }
 
 
 def _warnings(stream: Any) -> list[str]:
-    """What the structured readers say once per cause (damaged records), and a broken user map."""
+    """What the structured readers say once per cause (damaged records, with how many were not
+    read), and a broken user map."""
     if not isinstance(stream, MetricFileStream):
         return []
     why = current_map()[1]
-    return ([f"metric map: {why}"] if why else []) + list(stream.parser.errors)
+    out = [f"metric map: {why}"] if why else []
+    if stream.stats.skipped:
+        out.append(f"{stream.path}: {stream.stats.skipped} record(s) not read")
+    return out + list(stream.parser.errors)
 
 
 def _loss_scaling(series: list[SeriesState]) -> str:
@@ -136,9 +142,6 @@ def format_report(r: dict[str, Any]) -> str:
                  + ("; training finished" if r["finished"] else "")
                  + (f"; {r['attempts']} attempts" if r["attempts"] > 1 else ""))
     lines.append(f"overflow steps: {r['overflow_steps']}")
-    if r.get("skipped"):
-        lines.append(f"skipped:        {r['skipped']} damaged or torn record(s)")
-    lines += [f"warning:        {w}" for w in r.get("warnings", ())]
     if r["nonfinite"]:
         first = r["nonfinite"][0]
         lines.append(f"non-finite:     {len(r['nonfinite'])} value(s); first {first['metric']} at line {first['line']}"

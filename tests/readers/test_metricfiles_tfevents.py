@@ -184,3 +184,19 @@ def test_a_user_map_extends_the_shipped_one_and_a_broken_one_is_said(tmp_path, m
     assert why and "losss" in why and m.metric("train/loss") == "loss"  # the shipped map stays in force
     monkeypatch.setenv("PRECISION_AGENT_METRIC_MAP", str(tmp_path / "missing.yml"))
     assert current_map()[1]
+
+
+def test_a_closed_descriptor_reopens_where_it_was(tmp_path):
+    """The follower closes idle descriptors (limits.max_open_files): the next read goes on."""
+    recs = records(event_file("hf_ok"))
+    path = tmp_path / "events.out.tfevents.1.host.1.0"
+    path.write_bytes(b"".join(recs[:50]))
+    s = open_stream(str(path))
+    first = s.poll(now=0.0)
+    s.tailer.close()
+    assert not s.tailer.is_open
+    with open(path, "ab") as f:
+        f.write(b"".join(recs[50:]))
+    rest = s.poll(now=0.0)
+    assert s.tailer.is_open and s.tailer.unread_bytes() == 0
+    assert [(x.metric, x.step) for x in first + rest] == [(x.metric, x.step) for x in read(event_file("hf_ok"))]
