@@ -54,7 +54,10 @@ class CsvStream(MetricFileStream):
         size = cur.size(restart_on_shrink=False)
         if size is None:
             return []
-        head = cur.pread(min(size, self.max_record + 2), 0)
+        known = self._header
+        head = cur.pread(len(known), 0) if known else b""
+        if not known or head != known:  # (the same first bytes, newline included: the same header)
+            head = cur.pread(min(size, self.max_record + 2), 0)
         nl = head.find(b"\n")
         if nl < 0:
             if size > self.max_record:

@@ -14,6 +14,7 @@ from precision_agent.readers import tfrecord
 from precision_agent.readers.metricmap import current_map, metric_map
 from precision_agent.readers.streams import file_kind, open_stream
 from precision_agent.readers.tailer import TailEvent
+from support import dumps as W
 from support.metricfiles import HF_NAN_STEP, MEGATRON_INF_STEP, STEPS, event_file, records
 
 
@@ -79,6 +80,7 @@ def test_torn_final_record_waits_for_its_rest_and_survives_a_restart(tmp_path):
     s = open_stream(str(path))
     first = s.poll(now=0.0)
     assert s.position.offset == sum(map(len, recs[:-1])) and s.stats.skipped == 0
+    assert s.tailer.unread_bytes() == 0  # the torn start was looked at: a deleted file is not re-polled forever
     with open(path, "ab") as f:
         f.write(last[7:-3])  # header and most of the data
     assert s.poll(now=0.0) == [] and s.position.offset == sum(map(len, recs[:-1]))
@@ -200,3 +202,28 @@ def test_a_closed_descriptor_reopens_where_it_was(tmp_path):
     rest = s.poll(now=0.0)
     assert s.tailer.is_open and s.tailer.unread_bytes() == 0
     assert [(x.metric, x.step) for x in first + rest] == [(x.metric, x.step) for x in read(event_file("hf_ok"))]
+
+
+@pytest.mark.parametrize("dtype,body,value", [
+    (1, W.f_bytes(4, struct.pack("<f", 2.5)), 2.5),                      # DT_FLOAT tensor_content (TF2)
+    (2, W.f_bytes(4, struct.pack("<d", float("nan"))), math.nan),        # DT_DOUBLE tensor_content
+    (2, W.f_bytes(6, struct.pack("<d", 0.125)), 0.125),                  # DT_DOUBLE double_val, packed
+    (1, W.key(5, 5) + struct.pack("<f", math.inf), math.inf),            # DT_FLOAT float_val, unpacked
+    (19, W.f_bytes(13, W.varint(0x3C00)), 1.0),                          # DT_HALF half_val
+    (14, W.f_bytes(13, W.varint(0x7FC0)), math.nan),                     # DT_BFLOAT16 half_val
+    (3, W.f_bytes(4, struct.pack("<i", 7)), None),                       # DT_INT32: not a float scalar
+])
+def test_tensor_scalar_encodings(tmp_path, dtype, body, value):
+    """The tensor encodings other writers use (hand-encoded: TF2 itself is not installed here)."""
+    tensor = W.f_varint(1, dtype) + W.f_bytes(2, b"") + body
+    summary = W.f_bytes(1, W.f_str(1, "loss") + W.f_bytes(8, tensor))
+    event = W.key(1, 1) + struct.pack("<d", 1.7e9) + W.f_varint(2, 5) + W.f_bytes(5, summary)
+    path = tmp_path / "events.out.tfevents.1.host.1.0"
+    path.write_bytes(tfrecord.frame(event))
+    got = [(x.metric, x.step, x.value) for x in read(path)]
+    if value is None:
+        assert got == []
+    elif math.isnan(value):
+        assert got[0][:2] == ("loss", 5) and math.isnan(got[0][2])
+    else:
+        assert got == [("loss", 5, value)]
