@@ -19,7 +19,7 @@ from .tfevents import TfEventsStream, is_event_file
 EVENT_FILE_GLOB = "events.out.tfevents.*"
 CSV_GLOB = "*.csv"
 STRUCTURED_FORMATS = {"tfevents": TfEventsStream, "csv": CsvStream}
-INCLUDE = [EVENT_FILE_GLOB, "metrics.csv"]   # what log watches pick up besides text logs by default
+TEXT_EXTENSIONS = {".log", ".txt", ".out", ".err", ".jsonl", ".json", ".stdout", ".stderr"}  # never sniffed
 
 
 def _sniff_event_file(path: str) -> bool:
@@ -47,6 +47,8 @@ def file_kind(path: str, fmt: str = "auto") -> str:
         return "tfevents"
     if fnmatch.fnmatch(name.lower(), CSV_GLOB):
         return "csv"
+    if os.path.splitext(name)[1].lower() in TEXT_EXTENSIONS:
+        return "text"  # (no open per text log at start-up, where thousands may wait)
     # a text log never starts with 8 bytes whose masked CRC-32C follows them (nor holds NULs there)
     return "tfevents" if _sniff_event_file(path) else "text"
 
