@@ -85,3 +85,30 @@ def test_csv_rewritten_mid_run_and_healthy_event_files(tmp_path):
         assert {a["labels"]["run"] for a in agent.alerts()} == {"lightning_logs_version_0"}
     finally:
         agent.stop()
+
+
+def test_a_user_metric_map_extends_the_shipped_one_and_a_broken_one_is_said_once(tmp_path):
+    logs, state = tmp_path / "logs", tmp_path / "state"
+    for name in ("a", "b"):
+        (logs / name).mkdir(parents=True)
+    extra = tmp_path / "map.yml"
+    extra.write_text("metrics:\n  loss: [objective/total]\n")
+    rows = b"step,objective/total\r\n" + b"".join(b"%d,%s\r\n" % (i, b"nan" if i == 7 else b"1.5")
+                                                   for i in range(10))
+    agent = AgentProcess(logs, state).start(env={"PRECISION_AGENT_METRIC_MAP": str(extra)})
+    try:
+        (logs / "a" / "metrics.csv").write_bytes(rows)
+        alert = wait_for(lambda: nonfinite_page(agent, "a"), what="a page from the user's column")[0]
+        assert alert["evidence"]["step"] == 7
+    finally:
+        agent.stop()
+    extra.write_text("metrics: [not, a, mapping]\n")
+    broken = AgentProcess(logs, tmp_path / "state2").start(env={"PRECISION_AGENT_METRIC_MAP": str(extra)})
+    try:
+        (logs / "b" / "metrics.csv").write_bytes(b"step,train_loss\n1,2.0\n2,nan\n")
+        wait_for(lambda: nonfinite_page(broken, "b"), what="the shipped names still read")
+        assert not nonfinite_page(broken, "a")  # the user's column is unknown without the user's map
+        assert broken.metric("precision_agent_errors_total", kind="config") == 1  # two files, said once
+        assert "metric map" in broken.stderr() and str(extra) in broken.stderr()
+    finally:
+        broken.stop()
