@@ -10,8 +10,8 @@ takes only the watch's labels (the agent adds none). A watch whose ``labels`` se
 A structured metric file (TensorBoard ``events.out.tfevents.*``, a CSV metric log) is named by its
 writer, not by the user, and a run's folder often holds several (one per restart): by default its
 run is the folder, as the writers lay them out: HF Trainer ``runs/<date>_<host>`` (the folder
-name), Lightning ``<name>/version_N`` (both, ``lightning_logs_version_3``: every experiment has a
-``version_0``).
+name), Lightning ``<save_dir>/<name>/version_N`` (all three, ``exp1_lightning_logs_version_3``:
+every experiment has a ``version_0``).
 
 A file named per rank (``train_rank3.log``, ``rank-3.out``) is one rank of its run: the token
 becomes the ``rank`` label (unless the lines carry torchrun's ``[rank3]:`` prefixes, which win)
@@ -66,11 +66,15 @@ _VERSION_RE = re.compile(r"^version_\d+$")
 
 
 def folder_run(path: str) -> str:
-    """The run of a structured metric file: its folder (with the one above for ``version_N``)."""
+    """The run of a structured metric file: its folder; for Lightning's ``version_N`` the two
+    folders above too (``<save_dir>/<name>/version_N``: every experiment has a ``version_0``, and
+    the default name ``lightning_logs`` is everyone's)."""
     folder = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(folder)
     if _VERSION_RE.match(name):
-        name = f"{os.path.basename(os.path.dirname(folder))}_{name}"
+        parent = os.path.dirname(folder)
+        parts = [os.path.basename(os.path.dirname(parent)), os.path.basename(parent), name]
+        name = "_".join(p for p in parts if p)
     return _bounded(name)
 
 

@@ -66,13 +66,13 @@ def test_csv_rewritten_mid_run_and_healthy_event_files(tmp_path):
     agent = AgentProcess(logs, state).start()
     try:
         (version / "metrics.csv").write_bytes(early)
-        wait_for(lambda: agent.metric("precision_agent_training_step", run="lightning_logs_version_0"),
+        wait_for(lambda: agent.metric("precision_agent_training_step", run="logs_lightning_logs_version_0"),
                  what="the CSV's first rows")
         wait_for(lambda: agent.metric("precision_agent_training_step", run="megatron_ok") == 60, what="megatron")
         assert not agent.alerts()
         with open(version / "metrics.csv", "wb") as f:  # the logger's rewrite (same inode)
             f.write(final)
-        alert = wait_for(lambda: nonfinite_page(agent, "lightning_logs_version_0"),
+        alert = wait_for(lambda: nonfinite_page(agent, "logs_lightning_logs_version_0"),
                          what="TrainingNonFinite from the CSV")[0]
         assert alert["evidence"]["step"] == LIGHTNING_NAN_STEP, alert
         expected = 0
@@ -82,7 +82,7 @@ def test_csv_rewritten_mid_run_and_healthy_event_files(tmp_path):
             expected += s.stats.records
         wait_for(lambda: agent.metric("precision_agent_log_records_parsed_total") == expected,
                  what=f"{expected} records, none read twice")
-        assert {a["labels"]["run"] for a in agent.alerts()} == {"lightning_logs_version_0"}
+        assert {a["labels"]["run"] for a in agent.alerts()} == {"logs_lightning_logs_version_0"}
     finally:
         agent.stop()
 

@@ -93,3 +93,14 @@ def test_hostile_rows_are_counted_not_fatal(tmp_path):
     out = pairs(s.finish(now=0.0))
     assert out[0] == ("loss", 1, 1.0) and ("loss", 5, 2.0) in out and out[-1][:2] == ("loss", 7)
     assert s.stats.skipped >= 2 and s.position.offset == os.path.getsize(path)
+
+
+def test_run_identity_of_structured_files():
+    from precision_agent.readers.runs import run_labels
+    hf = "/data/out/runs/Nov28_04-00-00_host/events.out.tfevents.1700000000.host.1.0"
+    assert run_labels(hf, "file", {}) == {"run": "Nov28_04-00-00_host"}
+    a = run_labels("/data/exp1/lightning_logs/version_3/metrics.csv", "file", {})
+    b = run_labels("/data/exp2/lightning_logs/version_3/metrics.csv", "file", {})
+    assert a == {"run": "exp1_lightning_logs_version_3"} and a != b
+    assert run_labels("/data/exp1/lightning_logs/version_3/metrics.csv", "file", {"run": "mine"}) == {"run": "mine"}
+    assert run_labels("/data/tb/events.out.tfevents.1.h.2.0", "parent_dir", {}) == {"run": "tb"}
