@@ -14,6 +14,7 @@ from typing import Callable
 ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan", "compare", "http", "notify",
                "internal")
 COUNTERS = ("log_lines_read", "log_bytes_read", "log_records_parsed", "log_lines_truncated",
+            "metric_records_skipped",
             "log_rotations", "log_truncations", "dump_files_scanned", "watch_events", "resyncs",
             "queue_overflows", "symlinks_skipped", "rule_reloads_success", "rule_reloads_failure", "config_reloads_success",
             "config_reloads_failure")

@@ -96,6 +96,8 @@ class AgentCollector(Collector):
                             ("log_bytes_read", "Log bytes read."),
                             ("log_records_parsed", "Log records recognised by a parser."),
                             ("log_lines_truncated", "Log lines cut at limits.max_line_bytes."),
+                            ("metric_records_skipped", "Records of TensorBoard event files and CSV metric logs "
+                             "not read (bad CRC, damaged framing, over the size limit, torn at the end)."),
                             ("log_rotations", "Log rotations (rename) followed."),
                             ("log_truncations", "Log truncations (copytruncate) followed."),
                             ("dump_files_scanned", "Tensor-dump files scanned."),

@@ -91,7 +91,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
         result = replay(path, rules, "custom" if args.pattern and args.format == "auto" else args.format,
                         pattern=args.pattern,
-                        progress=progress_bar(args.progress, verb="replaying", items="lines"))
+                        progress=progress_bar(args.progress, verb="replaying", items="lines"),
+                        warn=lambda message: print(f"precision-agent: {message}", file=sys.stderr))
     except (ConfigError, UnknownFormat) as exc:
         print(f"precision-agent: {exc}", file=sys.stderr)
         return EXIT_CONFIG

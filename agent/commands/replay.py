@@ -4,7 +4,9 @@ daemon uses, and summarise what the agent would have seen and said.
 JSON contract (one object): ``file, format, lines, records, unrecognized{sample[]} | null, steps{first,last}, loss_scale{first,min,
 last,decreases,increases} | null, overflow_steps, nonfinite[{metric,step,line}],
 spikes[{metric,step,line,value}], findings[{rule,kind,severity,step,line,summary}], precision,
-loss_scaling, finished, attempts``.
+loss_scaling, finished, attempts``. A TensorBoard event file or CSV metric log (agent/readers/streams.py)
+gives the same object (``format`` ``tfevents`` or ``csv``, ``line`` the record or row number); the
+records it could not read (bad CRC, damaged, torn at the end) go to ``warn``, one line per cause.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any, Callable
 
 from ..model import NONFINITE_MESSAGE, OVERFLOW, Sample
 from ..engine.pipeline import Pipeline
-from ..readers.logstream import LogStream
+from ..readers.filecursor import MetricFileStream
+from ..readers.metricmap import current_map
+from ..readers.streams import open_stream
 from ..engine.rulefile import RuleSet
 from ..series.state import SeriesState
 
@@ -28,7 +32,8 @@ Progress = Callable[[int, int, int, int | None], None]  # (bytes read, file size
 
 
 def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str] | None = None,
-           pattern: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
+           pattern: str | None = None, progress: Progress | None = None,
+           warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     # fresh detectors: a rule set reused across files must not carry one file's history into the next
     pipeline = Pipeline(rules.fresh(), max_series=1 << 20, keep_findings=100_000)
     nonfinite: list[dict[str, Any]] = []
@@ -39,7 +44,7 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
             nonfinite.append({"metric": metric, "step": _step(sample, series), "line": sample.source.line})
 
     pipeline.on_accepted = watch
-    stream = LogStream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20, pattern=pattern)
+    stream = open_stream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20, pattern=pattern)
     try:
         now = time.time()
         size = os.stat(path).st_size if progress is not None else 0
@@ -55,6 +60,9 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
             progress(size, size, stream.stats.lines, None)
     finally:
         stream.close()
+    if warn is not None:
+        for message in _warnings(stream):
+            warn(message)
     series = list(pipeline.series.values())
     findings = [{"rule": f.rule, "kind": f.kind, "severity": f.severity, "step": f.step,
                  "line": f.source.line if f.source else None, "summary": f.annotations.get("summary") or f.summary}
@@ -81,6 +89,18 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
         "finished": any(s.finished for s in series),
         "attempts": max((s.attempt for s in series), default=1),
     }
+
+
+def _warnings(stream: Any) -> list[str]:
+    """What the structured readers say once per cause (damaged records, with how many were not
+    read), and a broken user map."""
+    if not isinstance(stream, MetricFileStream):
+        return []
+    why = current_map()[1]
+    out = [f"metric map: {why}"] if why else []
+    if stream.stats.skipped:
+        out.append(f"{stream.path}: {stream.stats.skipped} record(s) not read")
+    return out + list(stream.parser.errors)
 
 
 def _loss_scaling(series: list[SeriesState]) -> str:

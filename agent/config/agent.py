@@ -65,14 +65,16 @@ class Watch(Strict):
         """The include globs in force."""
         if self.include is not None:
             return self.include
-        return ["*.log", "*.txt", "*.out", "*.err", "*.jsonl"] if self.kind == "log" else ["*"]
+        # text logs, TensorBoard event files and Lightning's CSV metric log (agent/readers/streams.py)
+        return ["*.log", "*.txt", "*.out", "*.err", "*.jsonl", "events.out.tfevents.*", "metrics.csv"] \
+            if self.kind == "log" else ["*"]
 
     @field_validator("format")
     @classmethod
     def _known_format(cls, v: str) -> str:
         from ..readers.parsers import FORMATS  # parsers are discovered at import
-        if v not in ("auto", "custom") and v not in FORMATS:
-            raise ValueError(f"unknown log format {v!r}; known: auto, custom, {', '.join(FORMATS)}")
+        if v not in ("auto", "custom", "tfevents", "csv") and v not in FORMATS:
+            raise ValueError(f"unknown log format {v!r}; known: auto, custom, tfevents, csv, {', '.join(FORMATS)}")
         return v
 
     @field_validator("pattern")

@@ -1,44 +1,23 @@
-"""A minimal, defensive protobuf wire-format decoder, and the ``DumpData`` schema of CANN dumps.
-
-No generated code and no protobuf dependency. Every read is bounds-checked, nesting depth is
-capped, and nothing larger than the input is ever allocated (length-delimited values are
-``memoryview`` slices of the input, declared lengths are checked before any use, and the number
-of values decoded per message is capped). Hostile input raises :class:`DumpError`, nothing else.
-
-Wire types handled: 0 varint, 1 64-bit, 2 length-delimited, 5 32-bit. Groups (3, 4) and unknown
-wire types are rejected. Schema (``toolkit.dumpdata``): ascend-formats.md section 2.4.
+"""The ``DumpData`` schema of CANN dumps over the shared defensive wire decoder (``protowire``).
+Hostile input raises :class:`DumpError`, nothing else. Schema (``toolkit.dumpdata``):
+ascend-formats.md section 2.4.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .. import protowire
+from ..protowire import MAX_FIELDS, WireError
 from .types import DumpError
-
-MAX_DEPTH = 32
-MAX_FIELDS = 1 << 20      # values per message level (each costs a Python object)
-_MAX_FIELD = (1 << 29) - 1
-_U64 = (1 << 64) - 1
 
 
 def read_varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     """Decode one varint at ``pos``; return (value, next position)."""
-    result = 0
-    shift = 0
-    while True:
-        if pos >= end:
-            raise DumpError(f"protobuf: truncated varint at byte {pos}")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-        if shift >= 70:
-            raise DumpError(f"protobuf: varint longer than 10 bytes at byte {pos}")
-    if result > _U64:
-        raise DumpError("protobuf: varint does not fit in 64 bits")
-    return result, pos
+    try:
+        return protowire.read_varint(buf, pos, end)
+    except WireError as exc:
+        raise DumpError(str(exc)) from None
 
 
 def decode_fields(data: bytes | memoryview, depth: int = 0) -> dict[int, list[Any]]:
@@ -51,45 +30,10 @@ def decode_fields(data: bytes | memoryview, depth: int = 0) -> dict[int, list[An
 
 def decode_wire(data: bytes | memoryview, depth: int = 0) -> dict[int, list[tuple[int, Any]]]:
     """Like :func:`decode_fields`, but each value comes with its wire type: (wire, value)."""
-    if depth > MAX_DEPTH:
-        raise DumpError(f"protobuf: nesting deeper than {MAX_DEPTH}")
-    buf = data if isinstance(data, memoryview) else memoryview(data)
-    if buf.format != "B" or buf.ndim != 1 or not buf.c_contiguous:
-        buf = memoryview(buf.tobytes())
-    end = len(buf)
-    pos = count = 0
-    out: dict[int, list[tuple[int, Any]]] = {}
-    while pos < end:
-        key, pos = read_varint(buf, pos, end)
-        field, wire = key >> 3, key & 7
-        if field == 0 or field > _MAX_FIELD:
-            raise DumpError(f"protobuf: invalid field number {field}")
-        if wire == 0:
-            value, pos = read_varint(buf, pos, end)
-        elif wire == 1:
-            if end - pos < 8:
-                raise DumpError("protobuf: truncated 64-bit value")
-            value = int.from_bytes(buf[pos:pos + 8], "little")
-            pos += 8
-        elif wire == 5:
-            if end - pos < 4:
-                raise DumpError("protobuf: truncated 32-bit value")
-            value = int.from_bytes(buf[pos:pos + 4], "little")
-            pos += 4
-        elif wire == 2:
-            length, pos = read_varint(buf, pos, end)
-            if length > end - pos:
-                raise DumpError(f"protobuf: field {field} declares {length} bytes, "
-                                f"only {end - pos} left")
-            value = buf[pos:pos + length]
-            pos += length
-        else:
-            raise DumpError(f"protobuf: unsupported wire type {wire} (field {field})")
-        out.setdefault(field, []).append((wire, value))
-        count += 1
-        if count > MAX_FIELDS:
-            raise DumpError(f"protobuf: more than {MAX_FIELDS} fields in one message")
-    return out
+    try:
+        return protowire.decode_wire(data, depth)
+    except WireError as exc:
+        raise DumpError(str(exc)) from None
 
 
 # --- schema-driven decoding -------------------------------------------------------------------

@@ -16,9 +16,12 @@ from ..health import Health, Heartbeat
 from ..model import Sample
 from ..sources.confine import Confinement
 from ..sources.watcher import walk, watch_for
+from .filecursor import MetricFileStream
 from .logstream import LogStream
 from .parsers import UnknownFormat
+from .metricmap import current_map
 from .runs import run_labels
+from .streams import open_stream
 from .tailer import TailEvent, TailPosition
 from .yields import YieldWatch
 
@@ -39,7 +42,7 @@ class Follower:
         self.on_dump = on_dump
         self.requeue = requeue
         self.stopping = stopping
-        self.streams: dict[str, LogStream] = {}
+        self.streams: dict[str, LogStream | MetricFileStream] = {}
         self.offsets: dict[str, TailPosition] = {}   # committed positions (state store)
         self.forget: set[str] = set()   # offsets to delete at the next commit
         self._open_lru: OrderedDict[str, None] = OrderedDict()  # streams holding a descriptor
@@ -47,6 +50,7 @@ class Follower:
         self._gone: set[str] = set()      # deleted files still read through their open descriptor
         lim = config.limits  # files that grow but yield no record: the agent says it is blind
         self.yields = YieldWatch(lim.unrecognized_lines, lim.unrecognized_after, lim.unrecognized_min_lines)
+        self._map_errors: set[str] = set()  # $PRECISION_AGENT_METRIC_MAP errors already reported
 
     def resync(self, touch_dump: Callable[[str], None]) -> list[str]:
         """Paths that may have changed, derived from the file system itself: new files, and
@@ -94,7 +98,8 @@ class Follower:
             stream = self.streams.get(path) or self._open(path)
             if stream is None:
                 continue
-            before = stream.stats.lines, stream.stats.bytes, stream.stats.records, stream.stats.truncated_lines
+            before = stream.stats.lines, stream.stats.bytes, stream.stats.records, stream.stats.truncated_lines, \
+                stream.stats.skipped
             samples = stream.poll(self.config.limits.read_budget_bytes)
             for event, message in stream.tailer.drain_events():
                 self._tail_event(path, event, message)
@@ -110,6 +115,8 @@ class Follower:
                 self.health.inc("log_bytes_read", st.bytes - before[1])
                 self.health.inc("log_records_parsed", st.records - before[2])
                 self.health.inc("log_lines_truncated", st.truncated_lines - before[3])
+            if st.skipped != before[4]:
+                self.health.inc("metric_records_skipped", st.skipped - before[4])
             if stream.position is not None and stream.position != self.offsets.get(path):
                 touched.add(path)
                 if st.bytes - before[1] >= self.config.limits.read_budget_bytes:
@@ -175,7 +182,7 @@ class Follower:
             if path in self.streams:
                 self.streams[path].tailer.close()
 
-    def _open(self, path: str) -> LogStream | None:
+    def _open(self, path: str) -> LogStream | MetricFileStream | None:
         watch = watch_for(self.config.watches, path)
         if watch is None or watch.kind != "log" or not os.path.isfile(path) or not self.confine.allows(path):
             return None
@@ -187,15 +194,18 @@ class Follower:
             return None
         labels = run_labels(path, watch.run_from, dict(watch.labels))
         try:
-            stream = LogStream(path, labels, watch.format, self.offsets.get(path),
-                               start_at_end=watch.start_at_end and path not in self.offsets,
-                               max_line_bytes=self.config.limits.max_line_bytes,
-                               chunk_bytes=self.config.limits.read_chunk_bytes, pattern=watch.pattern,
-                               check_open=self.confine.check_fd)
+            stream = open_stream(path, labels, watch.format, self.offsets.get(path),
+                                 start_at_end=watch.start_at_end and path not in self.offsets,
+                                 max_line_bytes=self.config.limits.max_line_bytes,
+                                 chunk_bytes=self.config.limits.read_chunk_bytes, pattern=watch.pattern,
+                                 check_open=self.confine.check_fd)
         except UnknownFormat as exc:
             self.health.error("config", "%s: %s", path, exc)
             return None
         self.streams[path] = stream
+        if isinstance(stream, MetricFileStream) and (why := current_map()[1]) and why not in self._map_errors:
+            self._map_errors.add(why)  # once per error, not per file: the shipped map stays in force
+            self.health.error("config", "metric map: %s", why)
         log.info("following %s", path)
         return stream
 

@@ -48,6 +48,7 @@ class StreamStats:
     truncated_lines: int = 0
     duplicates: int = 0
     chatter: int = 0  # blank lines, progress-bar frames, NCCL debug lines of blocks without a record (yields.py)
+    skipped: int = 0  # records of a structured metric file not read (bad CRC, damaged): filecursor.py
 
 
 _INTERNED: dict[Labels, Labels] = {}  # equal label sets of different files share one tuple

@@ -7,6 +7,12 @@ default each file is its own run, named after the file; rotated generations of o
 after the folder holding the file (one folder per run, several files in it); ``run_from: label``
 takes only the watch's labels (the agent adds none). A watch whose ``labels`` set ``run`` keeps it.
 
+A structured metric file (TensorBoard ``events.out.tfevents.*``, a CSV metric log) is named by its
+writer, not by the user, and a run's folder often holds several (one per restart): by default its
+run is the folder, as the writers lay them out: HF Trainer ``runs/<date>_<host>`` (the folder
+name), Lightning ``<save_dir>/<name>/version_N`` (all three, ``exp1_lightning_logs_version_3``:
+every experiment has a ``version_0``).
+
 A file named per rank (``train_rank3.log``, ``rank-3.out``) is one rank of its run: the token
 becomes the ``rank`` label (unless the lines carry torchrun's ``[rank3]:`` prefixes, which win)
 and is left out of the run's name.
@@ -55,6 +61,23 @@ def file_run(path: str) -> tuple[str, str | None]:
     return _bounded(name), rank
 
 
+_STRUCTURED_RE = re.compile(r"^events\.out\.tfevents\.|\.csv$", re.IGNORECASE)
+_VERSION_RE = re.compile(r"^version_\d+$")
+
+
+def folder_run(path: str) -> str:
+    """The run of a structured metric file: its folder; for Lightning's ``version_N`` the two
+    folders above too (``<save_dir>/<name>/version_N``: every experiment has a ``version_0``, and
+    the default name ``lightning_logs`` is everyone's)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(folder)
+    if _VERSION_RE.match(name):
+        parent = os.path.dirname(folder)
+        parts = [os.path.basename(os.path.dirname(parent)), os.path.basename(parent), name]
+        name = "_".join(p for p in parts if p)
+    return _bounded(name)
+
+
 def run_labels(path: str, run_from: str, labels: dict[str, str]) -> dict[str, str]:
     """The labels a followed file's series carry: the watch's, plus ``run`` (and a file's rank)."""
     out = dict(labels)
@@ -62,6 +85,9 @@ def run_labels(path: str, run_from: str, labels: dict[str, str]) -> dict[str, st
         return out
     if run_from == "parent_dir":
         out["run"] = _bounded(os.path.basename(os.path.dirname(os.path.abspath(path))))
+        return out
+    if _STRUCTURED_RE.search(os.path.basename(path)):
+        out["run"] = folder_run(path)
         return out
     run, rank = file_run(path)
     out["run"] = run

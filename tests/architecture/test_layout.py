@@ -16,7 +16,7 @@ from conftest import REPO
 # counters, safe file opening, the plug-in registry, the configuration models, the kernels.
 STAGES = ["base", "sources", "readers", "series", "fusion", "dumps", "compare", "detectors", "engine",
           "store", "exporters", "daemon", "commands"]
-BASE = {"(root)", "model", "errors", "health", "safeio", "registry", "config", "kernels"}
+BASE = {"(root)", "model", "errors", "health", "safeio", "registry", "config", "kernels", "protowire"}
 # Imports against the flow that are deliberate, each with its reason. Only function-level imports
 # may be listed: nothing here runs at import time.
 ALLOWED_UPWARD = {

@@ -20,6 +20,7 @@ def test_plain_install_carries_rules_and_exporter_assets(tmp_path):
     assert (target / "precision_agent" / "rules" / "tests" / "training_test.yml").is_file()
     assert list((target / "precision_agent" / "exporters" / "grafana").glob("*.json"))
     assert list((target / "precision_agent" / "exporters" / "prometheus").glob("*.yml"))
+    assert (target / "precision_agent" / "readers" / "metric_map.yml").is_file()  # the shipped metric map
     assert rules, "no rule files in the installed package"
     env = {**os.environ, "PYTHONPATH": str(target)}
     check = subprocess.run([sys.executable, "-m", "precision_agent", "rules", "check"], capture_output=True,

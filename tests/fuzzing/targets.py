@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-from . import dumps, files, logs
+from . import dumps, files, logs, metricfiles
 from .core import Target
 
-TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS, *dumps.TARGETS, *files.TARGETS)}
+TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS, *dumps.TARGETS, *files.TARGETS,
+                                                 *metricfiles.TARGETS)}
 
 # Cases per `make test` run (tests/fuzzing/test_fuzz.py), sized so the whole suite of them takes about a
 # minute on two cores; "http" runs against the real daemon (tests/fuzzing/web.py).
 TEST_PLAN: dict[str, int] = {
-    "log_lines": 2200, "hints": 800, "logstream": 800,
+    "log_lines": 2200, "hints": 800, "logstream": 800, "tfevents": 300, "metric_csv": 300,
     "protobuf": 2000, "dump_npy": 1200, "dump_msprobe": 600, "dump_cann": 600, "dump_opdebug": 500,
     "dump_mindspore": 500,
     "rule_files": 500, "config": 500, "rules_test": 300,
     "http": 1500,
 }
 MIN_CASES = 10_000
+# Tighter peak-RSS bounds (MB over the child's start) for readers that must hold at most one record:
+# a hostile length in an event file or a huge CSV cell must never be allocated
+RSS_BOUND_MB: dict[str, int] = {"tfevents": 64, "metric_csv": 64}
 
 # Failures in code this suite does not own (agent/dumps, agent/compare are being hardened in a
 # parallel branch): (target name prefix, text in the failure's detail, reason). A target whose only failures

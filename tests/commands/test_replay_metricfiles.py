@@ -1,0 +1,71 @@
+"""`replay --json` on structured metric files written by the real writers (tests/fixtures/metricfiles):
+the same JSON contract as for text logs, with the steps the file carries; the faulty runs page at
+the planted step, the healthy ones page nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from support.commands import replay_json
+from support.metricfiles import (HF_NAN_STEP, LIGHTNING_NAN_STEP, MEGATRON_INF_STEP, STEPS, csv_file,
+                                 event_file)
+
+FAULTY = {  # fixture: (file, format, first non-finite step)
+    "hf_nan": (lambda: event_file("hf_nan"), "tfevents", HF_NAN_STEP),
+    "megatron_nan": (lambda: event_file("megatron_nan"), "tfevents", MEGATRON_INF_STEP),
+    "lightning_nan": (lambda: csv_file("lightning_nan"), "csv", LIGHTNING_NAN_STEP),
+    "lightning_nan_tb": (lambda: event_file("lightning_nan"), "tfevents", LIGHTNING_NAN_STEP),
+}
+HEALTHY = {
+    "hf_ok": (lambda: event_file("hf_ok"), "tfevents"),
+    "megatron_ok": (lambda: event_file("megatron_ok"), "tfevents"),
+    "lightning_ok": (lambda: csv_file("lightning_ok"), "csv"),
+    "lightning_ok_tb": (lambda: event_file("lightning_ok"), "tfevents"),
+}
+
+
+def pages(r) -> list[dict]:
+    return [f for f in r["findings"] if f["severity"] in ("page", "critical")]
+
+
+@pytest.mark.parametrize("case", sorted(FAULTY))
+def test_faulty_runs_page_at_the_planted_step(case):
+    path, fmt, step = FAULTY[case]
+    r = replay_json(path())
+    assert r["format"] == fmt and r["records"] > 0
+    first_page = pages(r)[0]
+    assert first_page["rule"] == "TrainingNonFinite" and first_page["step"] == step, pages(r)
+    assert r["nonfinite"][0]["step"] == step and r["nonfinite"][0]["line"] > 1
+
+
+@pytest.mark.parametrize("case", sorted(HEALTHY))
+def test_healthy_runs_page_nothing(case):
+    path, fmt = HEALTHY[case]
+    r = replay_json(path())
+    assert r["format"] == fmt and r["records"] > 0
+    assert pages(r) == [] and r["nonfinite"] == []
+    assert r["steps"]["first"] in (0, 1) and r["steps"]["last"] >= STEPS - 1
+
+
+def test_megatron_loss_scale_and_steps_from_the_event_file():
+    r = replay_json(event_file("megatron_ok"))
+    assert r["steps"] == {"first": 1, "last": STEPS}  # not the " vs samples" steps
+    assert r["loss_scale"]["first"] == r["loss_scale"]["last"] == 65536.0
+    assert r["loss_scaling"] == "yes"
+
+
+def test_a_torn_and_damaged_file_says_so_on_stderr(tmp_path):
+    data = bytearray(event_file("hf_ok").read_bytes())
+    at = data.index(b"train/loss", len(data) // 2)
+    data[at + len("train/loss") + 2] ^= 0x40  # the value of a loss record: its data CRC fails
+    path = tmp_path / "events.out.tfevents.1.host.1.0"
+    path.write_bytes(bytes(data[:-5]))
+    proc = subprocess.run([sys.executable, "-m", "precision_agent", "replay", "--json", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    r = json.loads(proc.stdout)
+    assert proc.returncode == 0 and pages(r) == [] and r["records"] > 0
+    assert "2 record(s) not read" in proc.stderr and "CRC" in proc.stderr and "torn" in proc.stderr
