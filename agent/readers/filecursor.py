@@ -181,7 +181,7 @@ class MetricFileStream:
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, position: TailPosition | None = None,
                  *, check_open: Callable[[str, int], None] | None = None, max_record_bytes: int = 1 << 20) -> None:
         self.path = path
-        self.labels: Labels = make_labels(labels)
+        self.base_labels: Labels = make_labels(labels)
         self.tailer = FileCursor(path, position, check_open)
         self.parser = StreamErrors(self.FORMAT)
         self.stats = StreamStats()
@@ -217,7 +217,7 @@ class MetricFileStream:
 
     def sample(self, metric: str, value: float, step: int | None, line: int, offset: int, t: float,
                log_time: float | None) -> Sample:
-        return Sample(self.labels, metric, value, step, SourcePos(self.path, line, offset), t, log_time,
+        return Sample(self.base_labels, metric, value, step, SourcePos(self.path, line, offset), t, log_time,
                       (), self.FORMAT)
 
     def _read(self, budget: int, now: float | None, final: bool) -> list[Sample]:

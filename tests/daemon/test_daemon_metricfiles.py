@@ -38,7 +38,7 @@ def test_event_file_appended_record_by_record_with_a_torn_record_across_a_restar
         torn = spans[k]
         cut = torn[0] + (torn[1] - torn[0]) // 2
         append_spans(src, dest, [(torn[0], cut)])
-        wait_for(lambda: lines_read(agent) == k, what="the whole records read")
+        wait_for(lambda: lines_read(agent) == k, what=f"the whole records read ({lines_read(agent)})")
         assert agent.metric("precision_agent_training_step", run="Nov28_04-00-00_host") is not None
         assert not agent.alerts() and agent.metric("precision_agent_errors_total", kind="parse") == 0
         assert agent.stop() == 0
