@@ -39,8 +39,17 @@ from ..model import Labels, SourcePos
 
 log = logging.getLogger(__name__)
 
+# "at step {{ $step }}" and the like: dropped whole where no step is known, not left as "at step "
+_STEP_PHRASE = re.compile(r"[ \t]*(?:\b(?:at|on|from|in|of|after|before)[ \t]+)?\b(?:step|iteration)[ \t]+"
+                          r"\{\{\s*\$step\s*\}\}")
+
+
 def render(template: str, ctx: Mapping[str, Any]) -> str:
-    """Fill a validated annotation template; a missing value renders as an empty string."""
+    """Fill a validated annotation template; a missing value renders as an empty string, and a
+    missing step takes the words that introduce it along ("NaN in loss at step " -> "NaN in loss")."""
+    if ctx.get("step") is None and "$step" in template:
+        template = _STEP_PHRASE.sub("", template).replace("()", "").replace(" ,", ",").replace(" .", ".")
+
     def sub(m: re.Match[str]) -> str:
         root, attr = m.group(1), m.group(2)
         val = ctx.get(root)
