@@ -97,14 +97,23 @@ _CLIENT_GONE = (ssl.SSLError, ConnectionError, TimeoutError)
 class _ServerHandler(ServerHandler):
     request_handler: "_Handler"
 
+    def finish_response(self) -> None:
+        try:
+            super().finish_response()
+        except _CLIENT_GONE as exc:  # wsgiref would swallow a reset silently and print a TLS EOF
+            self._gone(exc)
+
     def handle_error(self) -> None:
         exc = sys.exc_info()[1]
         if isinstance(exc, _CLIENT_GONE):  # no traceback, and no 500 page to a client that is gone
-            self.request_handler.server.stats.gone()
-            log.debug("http: client %s went away during the response: %r", self.request_handler.client_address, exc)
+            self._gone(exc)
             self.close()
             return
         super().handle_error()
+
+    def _gone(self, exc: BaseException) -> None:
+        self.request_handler.server.stats.gone()
+        log.debug("http: client %s went away during the response: %r", self.request_handler.client_address, exc)
 
 
 class _Handler(WSGIRequestHandler):
