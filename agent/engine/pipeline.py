@@ -28,6 +28,7 @@ class DetectorMemory(Protocol):
 
     extra: dict[str, tuple[Callable[[bool], Any], Callable[[Any], None]]]
     unreadable: list[Rule]  # rules whose stored memory did not decode (filled by restore)
+    bad_rows: list[tuple[tuple[str, str, str, str, str, int], str]]  # those rows and why: the owner quarantines them
 
     def set_rules(self, rules: list[Rule]) -> list[Rule]: ...
     def collect(self) -> Any: ...

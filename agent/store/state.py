@@ -32,7 +32,8 @@ from ..model import Alert, AlertState, Labels
 from ..readers.tailer import TailPosition
 from ..series.state import SeriesState
 from .causes import TRANSIENT_CAUSES, StateError, cause_of, state_error
-from .repair import QUARANTINE_COLUMNS, QUARANTINE_SCHEMA, check_position, open_read_only, safe_position, write_quarantine
+from .repair import (QUARANTINE_COLUMNS, QUARANTINE_SCHEMA, check_position, open_read_only, safe_position,
+                     write_quarantine)
 
 if TYPE_CHECKING:
     from .book import MemoryDelta
@@ -93,7 +94,7 @@ class StateStore:
         self.moved_aside: Path | None = None
         self.unavailable: StateError | None = None
         self.quarantined: dict[str, int] = {}  # table -> damaged rows moved to the quarantine table
-        self._quarantine: list[tuple[str, str, str]] = []  # (table, row as JSON, reason) not yet written
+        self._quarantine: list[tuple[str, tuple[Any, ...], str]] = []  # (table, row, reason) not yet written
         self.db: sqlite3.Connection | None = None
         try:
             _check_dir(Path(state_dir))
@@ -102,7 +103,7 @@ class StateStore:
             if not exc.transient:
                 raise
             self.unavailable = exc
-            self.db = open_read_only(self.path, ('offsets', 'alerts'))
+            self.db = open_read_only(self.path, ("offsets", "alerts"))
 
     def _open_or_recover(self) -> sqlite3.Connection:
         try:
