@@ -30,7 +30,10 @@ class Health:
         self.gauges: dict[str, float] = {"watched_log_files": 0.0, "watched_dump_files": 0.0,
                                          "rule_files_ok": 0.0, "rule_files_error": 0.0, "rules_loaded": 0.0,
                                          "last_commit_timestamp_seconds": 0.0, "ready": 0.0,
-                                         "config_restart_needed": 0.0, "log_files_unrecognized": 0.0}
+                                         "config_restart_needed": 0.0, "state_unsaved": 0.0,
+                                         "log_files_unrecognized": 0.0}
+        # counters with one label: (name, label value) -> count (e.g. state save failures by cause)
+        self.labelled: dict[tuple[str, str], float] = {}
         self.start_time = time.time()
         self.last_error: dict[str, str] = {}
         # worker name -> a callable listing its heartbeats (a worker may run on several threads)
@@ -56,6 +59,14 @@ class Health:
     def inc(self, name: str, amount: float = 1.0) -> None:
         with self._lock:
             self.counters[name] = self.counters.get(name, 0.0) + amount
+
+    def inc_labelled(self, name: str, label: str, amount: float = 1.0) -> None:
+        with self._lock:
+            self.labelled[(name, label)] = self.labelled.get((name, label), 0.0) + amount
+
+    def labelled_snapshot(self, name: str) -> dict[str, float]:
+        with self._lock:
+            return {label: v for (n, label), v in self.labelled.items() if n == name}
 
     def set(self, name: str, value: float) -> None:
         with self._lock:

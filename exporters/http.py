@@ -47,7 +47,14 @@ def _guarded(app: Callable, web: WebConfig | None, on_auth_failure: Callable[[],
                 start_response(status, headers + extra)
         if rate is not None and not rate.allow():
             return _json(respond, {"status": "error", "error": "too many requests"}, "429 Too Many Requests")
-        if auth is not None and not auth.check(environ.get("HTTP_AUTHORIZATION")):
+        verdict = "ok" if auth is None else auth.verify(environ.get("HTTP_AUTHORIZATION"),
+                                                        environ.get("REMOTE_ADDR", ""))
+        if verdict == "throttled":  # failed attempts come too fast: refused without a bcrypt check
+            on_auth_failure()
+            return _json(lambda st, hd: respond(st, hd + [("Retry-After", "2")]),
+                         {"status": "error", "error": "too many failed authentication attempts"},
+                         "429 Too Many Requests")
+        if verdict != "ok":
             on_auth_failure()
             body = b"Unauthorized\n"
             respond("401 Unauthorized", [("Content-Type", "text/plain"), ("Content-Length", str(len(body))),
@@ -167,6 +174,10 @@ class HttpCollector(Collector):
                                 "client_allowed_sans).", labels=["reason"])
         for reason, n in refused.items():
             c.add_metric([reason], n)
+        yield c
+        c = CounterMetricFamily("precision_agent_http_client_disconnects", "HTTP responses cut short because "
+                                "the client closed or reset the connection (TLS: SSLEOFError); logged at debug.")
+        c.add_metric([], self.http.server.stats.client_gone)
         yield c
         c = CounterMetricFamily("precision_agent_http_auth_failures", "HTTP requests refused with 401 "
                                 "(basic auth of the web config file).")

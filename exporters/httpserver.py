@@ -24,11 +24,12 @@ import resource
 import selectors
 import socket
 import ssl
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
-from wsgiref.simple_server import WSGIRequestHandler
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,16 @@ class HttpStats:
 
     open: int = 0
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSE_REASONS, 0))
+    client_gone: int = 0  # responses cut short by the client (closed or reset mid-response)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def snapshot(self) -> tuple[int, dict[str, int]]:
         with self.lock:
             return self.open, dict(self.refused)
+
+    def gone(self) -> None:
+        with self.lock:
+            self.client_gone += 1
 
 
 class _Conn:
@@ -80,6 +86,34 @@ class _Writer(io.RawIOBase):
     def write(self, b: Any) -> int:
         self._sock.sendall(b)
         return len(b)
+
+
+# a client that went away while its response was written: TLS says so with SSLEOFError (or
+# another SSLError), plain TCP with a reset or a broken pipe; wsgiref prints a traceback for
+# all but the last two. Counted and logged at debug: a scraper that gives up is no agent error.
+_CLIENT_GONE = (ssl.SSLError, ConnectionError, TimeoutError)
+
+
+class _ServerHandler(ServerHandler):
+    request_handler: "_Handler"
+
+    def finish_response(self) -> None:
+        try:
+            super().finish_response()
+        except _CLIENT_GONE as exc:  # wsgiref would swallow a reset silently and print a TLS EOF
+            self._gone(exc)
+
+    def handle_error(self) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, _CLIENT_GONE):  # no traceback, and no 500 page to a client that is gone
+            self._gone(exc)
+            self.close()
+            return
+        super().handle_error()
+
+    def _gone(self, exc: BaseException) -> None:
+        self.request_handler.server.stats.gone()
+        log.debug("http: client %s went away during the response: %r", self.request_handler.client_address, exc)
 
 
 class _Handler(WSGIRequestHandler):
@@ -119,6 +153,19 @@ class _Handler(WSGIRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log.debug("http: " + format, *args)
+
+    def handle(self) -> None:
+        """The stdlib's, with a ServerHandler that counts a client gone instead of a traceback."""
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = self.request_version = self.command = ""
+            self.send_error(414)
+            return
+        if not self.parse_request():
+            return
+        handler = _ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False)
+        handler.request_handler = self
+        handler.run(self.server.get_app())  # type: ignore[attr-defined]
 
 
 def _reply(sock: socket.socket, status: str) -> None:
@@ -320,7 +367,10 @@ class HttpServer:
                 return
             try:
                 _Handler(conn.sock, conn.addr, self, bytes(conn.buf))
-            except Exception as exc:  # a client gone or too slow: its connection only
+            except _CLIENT_GONE as exc:  # gone before wsgiref ran the app (or after it)
+                self.stats.gone()
+                log.debug("http: client %s went away: %r", conn.addr, exc)
+            except Exception as exc:  # a client too slow: its connection only
                 log.debug("http: request from %s failed: %s", conn.addr, exc)
             finally:
                 self._drop(conn)

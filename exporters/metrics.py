@@ -88,7 +88,9 @@ class AgentCollector(Collector):
                             ("config_restart_needed", "1 while the config file on disk differs from the "
                              "running configuration in a setting that takes effect at restart."),
                             ("log_files_unrecognized", "Followed files that grow but yield no record (no parser "
-                             "recognises them, or their records stopped): LogFormatUnrecognized, LogRecordsStopped.")):
+                             "recognises them, or their records stopped): LogFormatUnrecognized, LogRecordsStopped."),
+                            ("state_unsaved", "1 while the state store cannot be written (disk full, I/O "
+                             "error): the agent alerts from memory and retries the save.")):
             g = GaugeMetricFamily(P + name, help_)
             g.add_metric([], gauges[name])
             yield g
@@ -108,6 +110,13 @@ class AgentCollector(Collector):
                              "outside the watched roots (follow_symlinks: true on the watch allows it).")):
             c = CounterMetricFamily(P + name, help_)
             c.add_metric([], counters[name])
+            yield c
+        for name, label, help_ in (
+                ("state_save_failures", "cause", "Failed state saves by cause (disk full, I/O error, ...)."),
+                ("state_rows_quarantined", "table", "Damaged rows of the state database set aside at start.")):
+            c = CounterMetricFamily(P + name, help_, labels=[label])
+            for value, n in sorted(self.health.labelled_snapshot(name).items()):
+                c.add_metric([value], n)
             yield c
         for what in ("rule", "config"):
             c = CounterMetricFamily(P + f"{what}_reloads", f"{what.capitalize()} reloads (SIGHUP) by result.",

@@ -241,10 +241,22 @@ def load_web_config(path: Path) -> WebConfig:
 
 class BasicAuth:
     """Checks ``Authorization: Basic`` against bcrypt hashes. bcrypt costs ~50-100 ms per check,
-    so successful checks are cached (keyed by an HMAC of user, hash and password under a
-    per-process key, as exporter-toolkit does); unknown users pay the same cost as known ones."""
+    so a flood of wrong credentials must not buy one each:
+
+    * checked credentials are cached, both ways (keyed by an HMAC of user, hash and password
+      under a per-process key, as exporter-toolkit does): a scraper with the right password, and
+      a flood repeating a wrong one, cost no bcrypt after the first time;
+    * a client address whose last attempts failed gets at most ``FAIL_BURST`` more bcrypt checks,
+      one more per ``FAIL_INTERVAL`` seconds; and all clients together get one per
+      ``GLOBAL_INTERVAL`` s (bursts of ``GLOBAL_BURST``). Beyond, the answer is 429 without a
+      bcrypt check (``verify`` says "throttled"), so a flood costs the host at most about a
+      third of one core and the cached scraper is served as fast as ever.
+
+    Unknown users pay the same cost as known ones."""
 
     MAX_CACHE = 1024
+    FAIL_BURST, FAIL_INTERVAL = 5, 2.0
+    GLOBAL_BURST, GLOBAL_INTERVAL = 8, 0.25
 
     def __init__(self, users: dict[str, bytes]) -> None:
         import bcrypt  # the one dependency only this feature needs
@@ -252,34 +264,51 @@ class BasicAuth:
         self.users = users
         self._key = os.urandom(32)
         self._ok: dict[bytes, None] = {}
+        self._bad: dict[bytes, None] = {}
+        self._clients: dict[str, RateLimit] = {}  # address -> budget of bcrypt checks after failures
+        self._budget = RateLimit(self.GLOBAL_INTERVAL, self.GLOBAL_BURST)
         self._lock = threading.Lock()
         self._dummy = bcrypt.hashpw(b"x", bcrypt.gensalt(10)) if users else b""
 
-    def check(self, header: str | None) -> bool:
+    def check(self, header: str | None, client: str = "") -> bool:
+        return self.verify(header, client) == "ok"
+
+    def verify(self, header: str | None, client: str = "") -> str:
+        """"ok", "denied" (wrong or missing credentials) or "throttled" (not checked: too many
+        failed attempts from ``client``, or too many bcrypt checks at all, just now)."""
         if not header or not header[:6].lower() == "basic ":
-            return False
+            return "denied"
         try:
             user, sep, password = base64.b64decode(header[6:].strip(), validate=True).decode().partition(":")
         except (ValueError, UnicodeDecodeError):
-            return False
+            return "denied"
         if not sep:
-            return False
+            return "denied"
         hashed = self.users.get(user)
         key = hmac.new(self._key, b"\0".join((user.encode(), hashed or b"", password.encode())),
                        hashlib.sha256).digest()
         with self._lock:
             if hashed is not None and key in self._ok:
-                return True
+                return "ok"
+            if key in self._bad:
+                return "denied"
+            bucket = self._clients.get(client)
+            if (bucket is not None and not bucket.allow()) or not self._budget.allow():
+                return "throttled"
         try:
             ok = self._bcrypt.checkpw(password.encode(), hashed or self._dummy) and hashed is not None
         except ValueError:
-            return False
-        if ok:
-            with self._lock:
-                if len(self._ok) >= self.MAX_CACHE:
-                    self._ok.clear()
-                self._ok[key] = None
-        return ok
+            ok = False
+        with self._lock:
+            cache = self._ok if ok else self._bad
+            if len(cache) >= self.MAX_CACHE:
+                cache.clear()
+            cache[key] = None
+            if not ok and client not in self._clients:
+                if len(self._clients) >= self.MAX_CACHE:
+                    self._clients.clear()
+                self._clients[client] = RateLimit(self.FAIL_INTERVAL, self.FAIL_BURST)
+        return "ok" if ok else "denied"
 
 
 class RateLimit:

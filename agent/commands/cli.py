@@ -75,13 +75,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return agent.run_forever()
 
 
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` cannot be replayed: what it is, when it exists but is no regular file."""
+    import stat
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    what = next((name for test, name in kinds if test(mode)), "a special file")
+    return f"not a regular file: it is {what} (replay reads a log file to its end)"
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from ..readers.parsers import UnknownFormat
     from .replay import format_report, replay
     from ..engine.rulefile import load_rules
     path = Path(args.file)
     if not path.is_file():
-        print(f"precision-agent: {path}: no such file", file=sys.stderr)
+        print(f"precision-agent: {path}: {_not_a_file(path)}", file=sys.stderr)
         return EXIT_CONFIG
     try:
         rules = load_rules(rules_dirs(args))

@@ -149,14 +149,15 @@ def format_report(r: dict[str, Any]) -> str:
     if r["nonfinite"]:
         first = r["nonfinite"][0]
         lines.append(f"non-finite:     {len(r['nonfinite'])} value(s); first {first['metric']} at line {first['line']}"
-                     f" (step {first['step']})")
+                     + (f" (step {first['step']})" if first["step"] is not None else ""))
     else:
         lines.append("non-finite:     none")
     if r["spikes"]:
         lines.append(f"spikes:         {len(r['spikes'])}")
     lines.append(f"findings:       {len(r['findings'])}")
     for f in r["findings"][:50]:
-        lines.append(f"  [{f['severity']}] {f['rule']} line {f['line']} step {f['step']}: {f['summary']}")
+        step = f" step {f['step']}" if f["step"] is not None else ""
+        lines.append(f"  [{f['severity']}] {f['rule']} line {f['line']}{step}: {f['summary']}")
     if len(r["findings"]) > 50:
         lines.append(f"  ... and {len(r['findings']) - 50} more (use --json)")
     return "\n".join(lines)

@@ -42,6 +42,7 @@ from ..sources.confine import Confinement
 from ..sources.queue import ChangeQueue
 from ..sources.watcher import TreeWatcher
 from ..store.book import MemoryBook
+from ..store.saving import SaveTracker
 from ..store.state import StateStore
 from .dumpflow import DumpFlow
 from .priority import lower_priority
@@ -62,9 +63,10 @@ class Agent:
         self.queue = ChangeQueue(config.limits.queue_size)
         self.stop_event = threading.Event()
         self.store = StateStore(config.state_dir, lambda msg: self.health.error("state", "%s", msg))
+        self.saves = SaveTracker(self.health, self.store.path)  # a full disk: reported once, retried
         self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series, memory=MemoryBook())
         self.dump_book = DumpBook()
-        self.dumpflow = DumpFlow(config, self.health, self.pipeline, self.store, self.dump_book)
+        self.dumpflow = DumpFlow(config, self.health, self.pipeline, self.store, self.dump_book, self.saves)
         self.dumps = self.dumpflow.scheduler
         # symlinks out of the watched roots are not followed (sources/confine.py)
         self.confine = Confinement(config.watches, lambda path: self.health.inc("symlinks_skipped"))
@@ -99,7 +101,7 @@ class Agent:
         self.reloader = Reloader(config, self.health, self.pipeline, self.http, reread)
         self.worker = Worker(config, self.health, self.queue, self.stop_event, self.pipeline, self.store,
                              self.dumpflow, self.reloader, self.confine, self.watcher, self.alertmanager,
-                             on_transition)
+                             on_transition, self.saves)
         self.health.add_worker("worker", lambda: [self.worker.beat])
         self.health.add_worker("dump-scan", self.dumps.heartbeats)
 
@@ -147,10 +149,10 @@ class Agent:
                 log.error("worker thread died; exiting so the service manager restarts the agent")
                 self.shutdown()
                 return 1
-        self.shutdown()
-        return 0
+        return 0 if self.shutdown() else 1
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> bool:
+        """Stop everything; True when the final state save worked (else the exit status is 1)."""
         try:
             self.scheduler.shutdown(wait=False)  # no watchdog pings after STOPPING
         except Exception:  # scheduler not started
@@ -168,7 +170,12 @@ class Agent:
         self.http.stop()
         self.worker.follower.close()
         self.store.close()
-        log.info("stopped; state saved in %s", self.store.path)
+        if self.worker.saved_at_exit:
+            log.info("stopped; state saved in %s", self.store.path)
+            return True
+        log.error("stopped; state NOT saved in %s (%s): the next start resumes from the last save that "
+                  "worked, and may read some log lines again", self.store.path, self.saves.cause or "no final save")
+        return False
 
     # -- sources → queue -----------------------------------------------------------------------
     def _on_path(self, path: str) -> None:

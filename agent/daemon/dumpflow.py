@@ -27,13 +27,15 @@ from .fusionfiles import FusionPickup, watch_places
 from ..health import Health
 from ..model import make_labels
 from ..sources.watcher import watch_for
+from ..store.saving import SaveTracker
 from ..store.state import StateError, StateStore
 
 
 class DumpFlow:
     def __init__(self, config: Config, health: Health, pipeline: Pipeline, store: StateStore,
-                 book: DumpBook) -> None:
+                 book: DumpBook, saves: SaveTracker | None = None) -> None:
         self.config, self.health, self.pipeline, self.store, self.book = config, health, pipeline, store, book
+        self.saves = saves
         self.scheduler = DumpScheduler(config.dump_settle, 64, {}, self.after_scan, self.keep_cache,
                                        lambda msg: health.error("scan", "%s", msg))
         LIMITS.max_decompressed_bytes = config.limits.max_decompressed_bytes
@@ -99,8 +101,11 @@ class DumpFlow:
         try:
             self.store.record_scanned(r.unit, 0, 0, r.signature[1], r.signature[2] / 1e9,
                                       ",".join(map(str, r.signature)))
-        except StateError as exc:
-            self.health.error("state", "could not record the scan of %s: %s", r.unit, exc)
+        except StateError as exc:  # reported once per cause with the other failed saves
+            if self.saves is None:
+                self.health.error("state", "could not record the scan of %s: %s", r.unit, exc)
+            else:
+                self.saves.failed(exc, time.time(), f"record the scan of {r.unit}")
 
     def _first_time(self, e: dict[str, Any]) -> bool:
         """False for a broken fused-API catalogue already counted: one ``config`` error per error

@@ -20,6 +20,7 @@ from ..readers.following import Follower
 from ..sources.confine import Confinement
 from ..sources.queue import ChangeQueue
 from ..sources.watcher import TreeWatcher
+from ..store.saving import SaveTracker
 from ..store.state import StateError, StateStore
 from .dumpflow import DumpFlow
 from .reload import Reloader
@@ -32,7 +33,7 @@ class Worker:
     def __init__(self, config: Config, health: Health, queue: ChangeQueue, stop: threading.Event,
                  pipeline: Pipeline, store: StateStore, dumpflow: DumpFlow, reloader: Reloader,
                  confine: Confinement, watcher: TreeWatcher, alertmanager: AlertmanagerPusher | None,
-                 on_transition: Callable[[Transition], None] | None) -> None:
+                 on_transition: Callable[[Transition], None] | None, saves: SaveTracker) -> None:
         self.config = config
         self.health = health
         self.queue = queue
@@ -51,6 +52,9 @@ class Worker:
         self.follower = Follower(config, health, confine, self.beat, self._process, self.dumps.touched,
                                  queue.put, stop.is_set)
         self._expired: list[Labels] = []  # series to delete at the next commit
+        self.saves = saves                # once-per-cause reports and the retry backoff of failed saves
+        self._unsaved: set[str] = set()   # files read since the last commit that worked
+        self.saved_at_exit = False        # the final commit at SIGTERM worked
 
     def run(self) -> None:
         # Ready as soon as the watches are set up and the worker runs: catching up on a large
@@ -84,7 +88,7 @@ class Worker:
             except Exception:  # never let one bad batch kill the agent
                 log.exception("unexpected error in worker")
                 self.health.error("internal", "unexpected error in worker (see traceback above)")
-        self._commit(set(self.follower.streams))
+        self.saved_at_exit = self._commit(set(self.follower.streams), final=True)
 
     def _process(self, samples: list[Sample]) -> None:
         self.pipeline.process(samples)
@@ -113,29 +117,44 @@ class Worker:
             if self.on_transition is not None:
                 self.on_transition(t)
 
-    def _commit(self, touched: set[str]) -> None:
+    def _commit(self, touched: set[str], final: bool = False) -> bool:
+        """Save what changed; False when it could not be saved. While saves fail (disk full), what
+        is unsaved stays pending and the next try waits for the backoff (store/saving.py)."""
+        touched = self._unsaved | touched
+        now = time.time()
+        if not final and not self.saves.due(now):
+            self._unsaved = touched
+            return False
         offsets = self.follower.positions(touched)
         memory = self.pipeline.memory_delta()  # detector memory: same transaction as offsets and alerts
         self.memory_errors()
         forget = self.follower.forget
         changes = self.pipeline.state_changes()
-        if not (offsets or changes or forget or self._expired or memory):
-            return
+        if not (offsets or changes or forget or self._expired or memory or self.store.pending
+                or self.saves.cause is not None):
+            return True
         try:
             self.store.commit(offsets=offsets, alerts=changes.alerts, deleted_alerts=changes.deleted_alerts,
                               series=changes.series, forget_offsets=forget, forget_series=self._expired,
                               memory=memory)
         except StateError as exc:
             self.pipeline.memory.requeue(memory)
-            self.health.error("state", "could not save state (will retry): %s", exc)
-            return
+            self.pipeline.dirty_series.update(s.labels for s in changes.series)  # written by the next try
+            self._unsaved = touched
+            self.saves.failed(exc, now)
+            return False
+        self._unsaved = set()
+        self.saves.succeeded()
         self.follower.committed(offsets)
         self._expired.clear()
         self.pipeline.alerts.committed()
         self.health.set("last_commit_timestamp_seconds", time.time())
+        return True
 
     # -- state at start --------------------------------------------------------------------------
     def load_state(self) -> None:
+        if self.store.unavailable is not None:  # the disk is full: start anyway, from what is readable
+            self.saves.failed(self.store.unavailable, time.time(), "open the state store for writing")
         self.follower.offsets = self.store.load_offsets()
         for unit, (_dev, _ino, _size, _mtime, status) in self.store.load_scanned().items():
             try:
@@ -156,6 +175,11 @@ class Worker:
             self.health.error("state", "could not read detector memory (rules start empty): %s", exc)
             rows = []
         self.pipeline.restore_memory(rows, time.time())
+        for row, reason in self.pipeline.memory.bad_rows:
+            self.store.quarantine("memory", row, reason, "; its rule starts with empty memory, its alerts are kept")
+        self.pipeline.memory.bad_rows.clear()
+        for table, n in self.store.quarantined.items():
+            self.health.inc_labelled("state_rows_quarantined", table, n)
         self.memory_errors()
         self.emit_transitions()  # alerts of rules whose memory could not be kept resolve now
         log.info("state: detector memory of %d series-rule pair(s) restored", len(rows))

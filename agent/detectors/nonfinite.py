@@ -10,6 +10,13 @@ row) and not counting reports the scaler explained with a back-off of its own. I
 scaling (bf16/fp32, or a scale that is no dynamic one) it hits at once, and so it does where the
 producer prints the grad norm of applied steps only (Megatron leaves the field out when every
 step of the interval was skipped: a printed NaN went into the weights).
+
+Megatron's ``number of nan iterations: N`` counts iterations whose loss was NaN/Inf and that it
+skipped. It is evidence, not a value of its own: on a report (the same line, or the same step)
+that also shows a non-finite loss or grad norm it adds no alert (that report pages, once). Alone,
+it is the only sign of the incident (a skipped iteration's loss is not in the printed average),
+so it hits, as ``metric="nan_iterations"``: one alert for the incident, however many reports
+keep counting, resolving ``resolve_after`` after the last.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ import math
 
 from pydantic import Field, field_validator
 
-from ..model import EVAL_LOSS, GRAD_NORM, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, Sample, TRAINING_METRICS
+from ..model import EVAL_LOSS, GRAD_NORM, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, Sample, SourcePos, TRAINING_METRICS
 from ..series.state import APPLIED_GRAD_NORM_PRODUCERS, SeriesState
 from .base import Detector, Hit, Params, PerSeries
+
+NAN_ITERATIONS = "nan_iterations"  # Megatron's counter (readers/parsers/megatron.py)
 
 
 class NonfiniteParams(Params):
@@ -56,6 +65,8 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
     def observe(self, sample: Sample, series: SeriesState) -> Hit | None:
         if sample.metric == NONFINITE_MESSAGE:
             what = sample.attr("what", "message")
+            if what == NAN_ITERATIONS and self._shown(sample):
+                return None  # evidence for the loss/grad-norm incident of the same report, not a second page
             return Hit(sample.labels + (("metric", what),), f"trainer reported non-finite values ({what})", sample.value,
                        sample.step if sample.step is not None else series.last_step, sample.source,
                        {"metric": what, "value": sample.value})
@@ -67,6 +78,7 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
                 if t.n:
                     t.n = 0
                 return None
+            self._saw(sample)
             scaling = series.loss_scaling
             scaled = scaling != "no" and sample.producer not in APPLIED_GRAD_NORM_PRODUCERS
             if scaled:
@@ -83,14 +95,34 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
                         "loss_scaling": scaling})
         if math.isfinite(sample.value):
             return None
+        if sample.metric == LOSS:
+            self._saw(sample)
         return Hit(sample.labels + (("metric", sample.metric),), f"{sample.metric} is {sample.value}", sample.value,
                    sample.step if sample.step is not None else series.last_step, sample.source,
                    {"metric": sample.metric, "value": repr(sample.value)})
 
 
+    def _saw(self, sample: Sample) -> None:
+        """Remember the report of a non-finite loss or grad norm (for ``_shown``)."""
+        t = self._streaks.get(sample.labels)
+        t.bad_step, t.bad_at = sample.step, sample.source
+
+    def _shown(self, sample: Sample) -> bool:
+        """Whether the report of a ``number of nan iterations: N`` counter (the same line, or the
+        same step) also showed a non-finite loss or grad norm."""
+        t = self._streaks.peek(sample.labels)
+        if t is None or (t.bad_at is None and t.bad_step is None):
+            return False
+        same_line = t.bad_at is not None and sample.source is not None and \
+            (t.bad_at.path, t.bad_at.line) == (sample.source.path, sample.source.line)
+        return same_line or (sample.step is not None and t.bad_step == sample.step)
+
+
 class _Streak:
-    __slots__ = ("n", "reports")
+    __slots__ = ("n", "reports", "bad_step", "bad_at")
 
     def __init__(self) -> None:
         self.n = 0        # non-finite grad-norm reports in a row (after warm-up)
         self.reports = 0  # grad-norm reports of the series so far, counted up to the warm-up's end
+        self.bad_step: int | None = None     # step and line of the last non-finite loss or grad norm
+        self.bad_at: SourcePos | None = None

@@ -97,7 +97,8 @@ class StalledDetector(Detector[StalledParams]):
             return None
         t.active = True
         what = "step" if p.progress == "step" else "record"
-        return Hit(series.labels, f"no new {what} for {idle:.0f}s (last step {series.last_step})",
+        return Hit(series.labels, f"no new {what} for {idle:.0f}s"
+                   + (f" (last step {series.last_step})" if series.last_step is not None else ""),
                    idle, series.last_step, None,
                    {"idle_s": round(idle, 3), "after_s": p.after, "last_step": series.last_step,
                     "last_update": since, "progress": p.progress})

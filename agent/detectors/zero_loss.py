@@ -70,7 +70,7 @@ class ZeroLossDetector(Detector[ZeroLossParams]):
         if t.active or t.run < self.params.consecutive:
             return None
         t.active = True
-        return Hit(labels, f"{sample.metric} is {sample.value:g} (exactly zero) at step {step}",
+        return Hit(labels, f"{sample.metric} is {sample.value:g} (exactly zero)" + (f" at step {step}" if step is not None else ""),
                    sample.value, step, sample.source,
                    {"metric": sample.metric, "value": sample.value, "consecutive": t.run,
                     "first_step": t.first_step,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from ..model import Alert, AlertState, Finding, Labels, fingerprint
 from .rulefile import Rule
 
+# set in an alert's finding when its rule's stored memory was unreadable at start (the time)
+MEMORY_LOST = "memory_lost_at"
 RESOLVED_RETENTION_S = 900.0  # keep resolved alerts visible (API, Alertmanager resend) this long
 
 
@@ -51,6 +53,7 @@ class AlertBook:
         a.finding["latest"] = {"step": finding.step, "value": finding.value, "time": now,
                                "line": finding.source.line if finding.source else None}
         self._cleared.pop(fp, None)
+        a.finding.pop(MEMORY_LOST, None)  # the detector knows the state again
         self.dirty.add(fp)
         self._promote(a, rule, now)
         return a, onset
@@ -77,11 +80,14 @@ class AlertBook:
             if rule is None:  # its rule was removed: resolve rather than fire forever
                 self._resolve(a, now)
                 continue
-            if not rule.detector.stateful and now - a.last_seen >= rule.resolve_after:
+            lost = a.finding.get(MEMORY_LOST)
+            lost = lost if type(lost) in (int, float) else None
+            if ((not rule.detector.stateful or lost is not None)
+                    and now - max(a.last_seen, lost or 0.0) >= rule.resolve_after):
                 if a.state == AlertState.PENDING:
                     self._drop(fp)
                     continue
-                self._cleared.setdefault(fp, a.last_seen + rule.resolve_after)
+                self._cleared.setdefault(fp, max(a.last_seen, lost or 0.0) + rule.resolve_after)
             if a.state == AlertState.PENDING:
                 self._promote(a, rule, now)
             elif fp in self._cleared:
@@ -113,6 +119,16 @@ class AlertBook:
         if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
             raise ValueError("expected {fingerprint: time}")
         self._cleared.update({str(k): float(v) for k, v in data.items() if k in self.alerts})
+
+    def memory_lost(self, name: str, now: float) -> None:
+        """The rule's stored memory was unreadable (a damaged row): its detector starts empty and
+        will not clear what it no longer knows. Its active alerts are kept, but resolve as an
+        event's do, ``resolve_after`` without a new hit (counted from now); a hit means the
+        detector learnt the state again, and its own clear ends the alert from then on."""
+        for fp, a in list(self.alerts.items()):
+            if a.rule == name and a.state != AlertState.RESOLVED:
+                a.finding[MEMORY_LOST] = now
+                self.dirty.add(fp)
 
     def resolve_rule(self, name: str, now: float) -> None:
         """The rule's detector lost its memory (edited, or unreadable memory): a stateful alert

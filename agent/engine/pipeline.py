@@ -27,6 +27,8 @@ class DetectorMemory(Protocol):
     """What the pipeline asks of a detector memory book (store/book.py: ``MemoryBook``)."""
 
     extra: dict[str, tuple[Callable[[bool], Any], Callable[[Any], None]]]
+    unreadable: list[Rule]  # rules whose stored memory did not decode (filled by restore)
+    bad_rows: list[tuple[tuple[str, str, str, str, str, int], str]]  # those rows and why: the owner quarantines them
 
     def set_rules(self, rules: list[Rule]) -> list[Rule]: ...
     def collect(self) -> Any: ...
@@ -104,6 +106,10 @@ class Pipeline:
         with self.lock:
             for r in self.memory.restore(rows):
                 self._memory_lost(r, now)
+            for r in self.memory.unreadable:  # damaged, not changed: its pages are kept
+                if r.detector.stateful:
+                    self.alerts.memory_lost(r.name, now)
+            self.memory.unreadable.clear()
 
     def _memory_lost(self, rule: Rule, now: float) -> None:
         if rule.detector.stateful:

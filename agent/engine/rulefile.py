@@ -39,13 +39,32 @@ from ..model import Labels, SourcePos
 
 log = logging.getLogger(__name__)
 
+# "at step {{ $step }}", "since step {{ $evidence.since_step }}": dropped whole where that value
+# is missing, not left as "at step "
+_STEP_PHRASE = re.compile(r"[ \t]*(?:\b(?:at|on|from|in|of|after|before|since|until)[ \t]+)?\b(?:step|iteration)s?"
+                          r"[ \t]+\{\{\s*\$([A-Za-z_]+)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\s*\}\}")
+_EMPTY_PARENS = re.compile(r"[ \t]*\(\s*\)")
+_SPACE_BEFORE_PUNCT = re.compile(r"[ \t]+([,.;:])(?=\s|$)")
+
+
+def _lookup(ctx: Mapping[str, Any], root: str, attr: str | None) -> Any:
+    val = ctx.get(root)
+    if attr is not None:
+        val = val.get(attr) if isinstance(val, Mapping) else None
+    return val
+
+
 def render(template: str, ctx: Mapping[str, Any]) -> str:
-    """Fill a validated annotation template; a missing value renders as an empty string."""
+    """Fill a validated annotation template; a missing value renders as an empty string, and a
+    missing step takes the words that introduce it along ("NaN in loss at step " -> "NaN in loss")."""
+    if "step" in template or "iteration" in template:
+        dropped = _STEP_PHRASE.sub(lambda m: "" if _lookup(ctx, m.group(1), m.group(2)) is None else m.group(0),
+                                   template)
+        if dropped != template:
+            template = _SPACE_BEFORE_PUNCT.sub(r"\1", _EMPTY_PARENS.sub("", dropped))
+
     def sub(m: re.Match[str]) -> str:
-        root, attr = m.group(1), m.group(2)
-        val = ctx.get(root)
-        if attr is not None:
-            val = val.get(attr) if isinstance(val, Mapping) else None
+        val = _lookup(ctx, m.group(1), m.group(2))
         if val is None:
             return ""
         if isinstance(val, float):

@@ -38,6 +38,8 @@ class MemoryBook:
     def __init__(self) -> None:
         self.entries: list[tuple[Rule, str, str]] = []  # rule, key, digest
         self.errors: list[str] = []   # unreadable or unstorable memory; the owner counts them
+        self.bad_rows: list[tuple[tuple[str, str, str, str, str, int], str]] = []  # (row, why): to quarantine
+        self.unreadable: list[Rule] = []  # rules whose stored memory did not decode (they start empty)
         self.extra: dict[str, tuple[Getter, Restorer]] = {}  # non-rule memory (the alert book's)
         self._prune = True            # next commit: delete rows of removed or edited rules
         self._full = False            # next commit: rewrite everything (after a failed commit)
@@ -148,8 +150,10 @@ class MemoryBook:
 
     def restore(self, rows: Iterable[tuple[str, str, str, str, str, int]]) -> list[Rule]:
         """Put stored rows (ordered by seq) back into the detectors. Rows of removed rules are
-        ignored (the first commit deletes them); a rule whose rows carry another digest, or one
-        of whose rows does not decode, starts empty. Returns those rules."""
+        ignored (the first commit deletes them); a rule whose rows carry another digest starts
+        empty, and is returned (its meaning changed). A rule one of whose rows does not decode
+        starts empty too, but is listed in ``unreadable`` instead, and the row in ``bad_rows``
+        (the store quarantines it): its alerts are kept (engine/alerts.py ``memory_lost``)."""
         by_key = {key: (r, dig) for r, key, dig in self.entries}
         grouped: dict[str, list[tuple[str, str, str, str, str, int]]] = {}
         for row in rows:
@@ -160,9 +164,8 @@ class MemoryBook:
             if key in self.extra:
                 try:
                     self.extra[key][1](decode(loads(rs[-1][4])))
-                except (CodecError, ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError,
-                        RecursionError) as exc:
-                    self.errors.append(f"stored memory {key} is unreadable ({exc}); ignored")
+                except _BAD as exc:
+                    self.bad_rows.append((rs[-1], f"{type(exc).__name__}: {str(exc)[:200]}"))
                 continue
             if key not in by_key:
                 continue
@@ -170,31 +173,36 @@ class MemoryBook:
             if any(r[3] != dig for r in rs):
                 dropped.append(rule)  # edited between runs: its old memory means something else
                 continue
-            try:
-                self._restore(rule.detector, rs)
-            except (CodecError, ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError,
-                    RecursionError) as exc:
+            bad = self._restore(rule.detector, rs)
+            if bad is not None:
                 fresh = type(rule.detector)(rule.detector.params)
                 vars(rule.detector).clear()
                 vars(rule.detector).update(vars(fresh))
                 self._clear_rules.add(key)
-                dropped.append(rule)
-                self.errors.append(f"stored memory of rule {rule.name} is unreadable "
-                                   f"({type(exc).__name__}: {str(exc)[:200]}); the rule starts empty")
+                self.unreadable.append(rule)
+                self.bad_rows.append(bad)
         return dropped
 
     @staticmethod
-    def _restore(det: Detector, rows: list[tuple[str, str, str, str, str, int]]) -> None:
+    def _restore(det: Detector, rows: list[tuple[str, str, str, str, str, int]]
+                 ) -> tuple[tuple[str, str, str, str, str, int], str] | None:
+        """Restore ``rows``; the first row that does not decode and why, or None."""
         slots = slots_of(det)
-        for _, slot, raw_key, _, data, _ in rows:
-            if slot == WHOLE:
-                if not explicit(det):
-                    raise CodecError("whole-detector memory for a kind without state()")
-                det.restore(decode(loads(data)))
-                continue
-            ps = slots.get(slot)
-            if ps is None:
-                raise CodecError(f"unknown memory slot {slot!r}")
-            ps.restore(load_key(raw_key), decode_record(ps.factory, loads(data)))
+        for row in rows:
+            _, slot, raw_key, _, data, _ = row
+            try:
+                if slot == WHOLE:
+                    if not explicit(det):
+                        raise CodecError("whole-detector memory for a kind without state()")
+                    det.restore(decode(loads(data)))
+                    continue
+                ps = slots.get(slot)
+                if ps is None:
+                    raise CodecError(f"unknown memory slot {slot!r}")
+                ps.restore(load_key(raw_key), decode_record(ps.factory, loads(data)))
+            except _BAD as exc:
+                return row, f"{type(exc).__name__}: {str(exc)[:200]}"
+        return None
 
 
+_BAD = (CodecError, ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, RecursionError)

@@ -197,7 +197,10 @@ def test_corrupt_row_empties_that_rule_only_and_is_reported(rules_dir, tmp_path)
     store.db.execute("UPDATE memory SET data='{\"last\": \"a string\"}' WHERE rule LIKE '%|Decreasing'")
     p2 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p2.restore_memory(store.load_memory(), 0.0)
-    assert len(p2.memory.errors) == 2 and all("unreadable" in e for e in p2.memory.errors)
+    assert p2.memory.errors == [] and len(p2.memory.bad_rows) == 2  # handed to the store to quarantine
+    assert sorted(row[0].rsplit("|", 1)[1] for row, _ in p2.memory.bad_rows) == ["Decreasing", "Spike"]
+    for row, why in p2.memory.bad_rows:
+        store.quarantine("memory", row, why)
     by = {r.name: r.detector for r in p2.rules.rules}
     assert len(by["Spike"]._tracks) == 0 and len(by["Decreasing"]._tracks) == 0
     assert len(by["Ratio"]._tracks) == 1 and len(by["Stuck"]._tracks) == 1
@@ -205,7 +208,8 @@ def test_corrupt_row_empties_that_rule_only_and_is_reported(rules_dir, tmp_path)
     store.commit(memory=p2.memory_delta())  # and their bad rows are gone
     p3 = Pipeline(load_rules([rules_dir]), memory=MemoryBook())
     p3.restore_memory(store.load_memory(), 0.0)
-    assert p3.memory.errors == []
+    assert p3.memory.errors == [] and p3.memory.bad_rows == []
+    assert store.db.execute("SELECT count(*) FROM quarantine WHERE tbl='memory'").fetchone()[0] == 2
     store.close()
 
 

@@ -117,10 +117,19 @@ def test_unreadable_rows_are_skipped_and_reported(tmp_path):
     again = StateStore(tmp_path, errors.append)
     try:
         assert [a.fingerprint for a in again.load_alerts()] == ["fp1"]
-        assert again.load_offsets() == {}
+        assert again.load_offsets() == {}  # /y.log does not exist: nothing to resume
         assert len(errors) == 2 and "table alerts" in errors[0] and "table offsets" in errors[1]
+        assert again.quarantined == {"alerts": 1, "offsets": 1}
+        again.commit()  # the next commit moves them to the quarantine table
+        assert [r[0] for r in again.db.execute("SELECT tbl FROM quarantine ORDER BY tbl")] == ["alerts", "offsets"]
+        assert again.db.execute("SELECT count(*) FROM alerts").fetchone()[0] == 1
     finally:
         again.close()
+    third = StateStore(tmp_path, errors.append)
+    try:  # set aside for good: not reported again
+        assert third.load_alerts() and len(errors) == 2 and third.quarantined == {}
+    finally:
+        third.close()
 
 
 # -- detector memory across a restart of the real daemon ----------------------------------------------
@@ -134,6 +143,7 @@ groups:
       - alert: ScaleDecreasing
         kind: loss_scale
         params: {condition: decreases, min_decreases: 3, window: WINDOW, warmup_steps: 20}
+        resolve_after: 3s
         labels: {severity: ticket}
 """
 
@@ -213,7 +223,7 @@ def test_rule_edited_between_runs_starts_empty(tmp_path):
         agent.kill()
 
 
-def test_corrupt_memory_row_is_counted_and_the_agent_starts(tmp_path):
+def test_corrupt_memory_row_is_quarantined_and_its_page_kept(tmp_path):
     _first_run(tmp_path, ["32768.0", "16384.0", "8192.0"])
     db = sqlite3.connect(tmp_path / "state" / DB_NAME)
     assert db.execute("UPDATE memory SET data='{\"decreases\": [[1, 2' WHERE rule LIKE '%ScaleDecreasing'").rowcount
@@ -221,11 +231,23 @@ def test_corrupt_memory_row_is_counted_and_the_agent_starts(tmp_path):
     db.close()
     agent = _agent(tmp_path).start()
     try:
-        wait_for(lambda: agent.metric("precision_agent_errors_total", kind="state") == 1, what="state error counted")
-        assert "stored memory of rule ScaleDecreasing is unreadable" in agent.stderr()
-        # its memory is gone, so its firing alert could never clear: it resolves instead of hanging
-        wait_for(lambda: not _firing(agent), what="alert of the emptied rule resolved")
+        wait_for(lambda: agent.metric("precision_agent_state_rows_quarantined_total", table="memory") == 1,
+                 what="damaged memory row quarantined")
+        assert agent.metric("precision_agent_errors_total", kind="state") == 1
+        assert "quarantined a damaged row of table memory" in agent.stderr()
+        # the rule starts empty, but the page it had open is kept: an unreadable row is no recovery
+        assert len(_firing(agent)) == 1 and "ScaleDecreasing resolved" not in agent.stderr()
+        (alert,) = _firing(agent)
+        assert alert["evidence"]["memory_lost_at"] > 0
+        # with nothing to tell it still holds, it resolves as an event's alert does (resolve_after)
+        wait_for(lambda: not _firing(agent), what="kept alert resolved after resolve_after without a hit")
+        assert "ScaleDecreasing FIRING" not in agent.stderr()  # never paged again
         write_megatron(tmp_path / "logs" / "train.log", 61, 70, scale="4096.0")
         _at_step(agent, 70)  # and the agent goes on reading
+        assert agent.stop() == 0
     finally:
         agent.kill()
+    db = sqlite3.connect(tmp_path / "state" / DB_NAME)
+    rows = db.execute("SELECT tbl, reason FROM quarantine").fetchall()
+    db.close()
+    assert len(rows) == 1 and rows[0][0] == "memory" and "not JSON" in rows[0][1], rows

@@ -162,8 +162,10 @@ class FakeSystemd:
 
     def __init__(self, directory: Path) -> None:
         path = directory / "notify.sock"
+        self.own_dir: Path | None = None
         if len(str(path)) > 100:  # sun_path is 108 bytes
-            path = Path(tempfile.mkdtemp(prefix="pa-notify-")) / "n.sock"
+            self.own_dir = Path(tempfile.mkdtemp(prefix="pa-notify-"))
+            path = self.own_dir / "n.sock"
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
@@ -193,3 +195,5 @@ class FakeSystemd:
     def close(self) -> None:
         self.sock.close()
         self.path.unlink(missing_ok=True)
+        if self.own_dir is not None:
+            shutil.rmtree(self.own_dir, ignore_errors=True)

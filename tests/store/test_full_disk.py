@@ -1,0 +1,125 @@
+"""A full state disk, for real: the state directory on a small tmpfs filled to the last byte,
+the real daemon as a subprocess. The agent names the cause once, keeps paging from memory,
+never claims a save that failed, starts on a full disk and saves again once there is room."""
+
+import errno
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from support.agent import AgentProcess, write_megatron
+from conftest import wait_for
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (root only: skipped elsewhere), unmounted after the test."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True,
+                       timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def fill(disk) -> list:
+    """Fill the file system to its last byte with filler files; returns them (delete to free)."""
+    files = []
+    for size in (1 << 16, 4096, 512, 1):
+        while True:
+            path = disk / f"filler-{uuid.uuid4().hex}"
+            try:
+                with open(path, "wb") as f:
+                    files.append(path)
+                    f.write(b"\0" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                break
+    return files
+
+
+def firing(agent, metric):
+    return agent.metric("precision_agent_alerts", alertname="TrainingNonFinite", metric=metric, alertstate="firing")
+
+
+def agent_on(tmp_path, disk):
+    logs = tmp_path / "logs"
+    logs.mkdir(exist_ok=True)
+    cfg = tmp_path / "config.yml"
+    cfg.write_text("evaluation_interval: 200ms\n")
+    agent = AgentProcess(logs, disk / "state", "--config", str(cfg))
+    agent.stderr_path = tmp_path / f"agent-{agent.port}.stderr"  # not on the full disk
+    return agent, logs / "train.log"
+
+
+def test_disk_full_while_running_names_the_cause_once_and_keeps_paging(tmp_path, small_disk):
+    agent, log = agent_on(tmp_path, small_disk)
+    agent.start()
+    try:
+        write_megatron(log, 1, 20)
+        wait_for(lambda: agent.metric("precision_agent_training_step") == 20, what="step 20")
+        fill(small_disk)
+        for first in range(21, 121, 20):  # batches that must be saved, each one failing
+            write_megatron(log, first, first + 19)
+            wait_for(lambda: agent.metric("precision_agent_training_step") == first + 19, what="step read")
+        write_megatron(log, 121, 121, grad="nan")
+        wait_for(lambda: firing(agent, "grad_norm"), what="NaN paged while the disk is full")
+        wait_for(lambda: (agent.metric("precision_agent_state_save_failures_total", cause="disk full") or 0) >= 3,
+                 timeout=30, what="failed saves counted")
+        assert agent.metric("precision_agent_state_unsaved") == 1
+        err = agent.stderr()
+        assert "cannot rollback" not in err
+        assert err.count("cannot save state (disk full)") == 1, err  # once per cause, not per attempt
+        assert agent.metric("precision_agent_errors_total", kind="state") == 1
+        assert agent.stop() == 1  # the final save failed: not a clean exit
+        err = agent.stderr()
+        assert "state saved in" not in err and "state NOT saved" in err and "disk full" in err
+    finally:
+        agent.kill()
+
+
+def test_start_on_a_full_disk_runs_from_memory_and_saves_when_room_returns(tmp_path, small_disk):
+    agent, log = agent_on(tmp_path, small_disk)
+    agent.start()
+    try:
+        write_megatron(log, 1, 10)
+        write_megatron(log, 11, 11, grad="nan")
+        wait_for(lambda: firing(agent, "grad_norm"), what="NaN paged")
+        assert agent.stop() == 0
+    finally:
+        agent.kill()
+    filler = fill(small_disk)
+    write_megatron(log, 12, 20)  # written while the agent was down
+    again, _ = agent_on(tmp_path, small_disk)
+    again.start()  # a full disk is no configuration error: no exit 2, no restart loop
+    try:
+        wait_for(lambda: again.metric("precision_agent_training_step") == 20, what="resumed and read on")
+        assert again.metric("precision_agent_log_lines_read_total") == 9  # resumed from the saved offset
+        assert firing(again, "grad_norm")  # the alert of the last run, kept, not paged again
+        assert "TrainingNonFinite FIRING" not in again.stderr()
+        assert again.metric("precision_agent_state_unsaved") == 1
+        assert "disk full" in again.stderr()
+        write_megatron(log, 21, 23)
+        for f in filler:
+            f.unlink()
+        wait_for(lambda: again.metric("precision_agent_state_unsaved") == 0, timeout=60, what="saved again")
+        assert "state saved again" in again.stderr()
+        assert again.stop() == 0 and "stopped; state saved" in again.stderr()
+    finally:
+        again.kill()
+    third, _ = agent_on(tmp_path, small_disk)
+    third.start()
+    try:  # what was read while the disk was full was saved once there was room: nothing read twice
+        write_megatron(log, 24, 24)
+        wait_for(lambda: third.metric("precision_agent_training_step") == 24, what="step 24")
+        assert third.metric("precision_agent_log_lines_read_total") == 1
+    finally:
+        third.kill()
