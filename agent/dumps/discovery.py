@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..health import beat
+from .cache import ScanCache
 from .cann import dump_dir_location, list_dump_dir, parse_dump_name
 from .mindspore import parse_npy_name, read_mindspore_npy_dir, read_statistic_csv
 from .msprobe import read_msprobe_rank_dir
@@ -127,25 +129,39 @@ def _read_mindspore(dirs: list[str], csvs: list[Path], errors: list[tuple[str, s
     return tensors
 
 
-def _read_npy(files: list[Path], base: Path, errors: list[tuple[str, str]]) -> list[DumpTensor]:
+def _read_plain(f: Path, base: Path) -> tuple[list[DumpTensor], list[tuple[str, str]]]:
+    try:
+        if f.suffix == ".npy":
+            return [read_npy(f, name=str(f.relative_to(base)))], []
+        return read_npz(f), []
+    except (DumpError, OSError) as exc:
+        return [], [(str(f), str(exc))]
+
+
+def _read_npy(files: list[Path], base: Path, errors: list[tuple[str, str]],
+              cache: ScanCache | None = None) -> list[DumpTensor]:
+    """Each plain ``.npy``/``.npz`` file is a tree of its own; ``cache``: an unchanged file is
+    answered from the daemon's cache (agent/dumps/cache.py), never read again."""
     tensors: list[DumpTensor] = []
     for f in files:
-        try:
-            if f.suffix == ".npy":
-                tensors.append(read_npy(f, name=str(f.relative_to(base))))
-            else:
-                tensors.extend(read_npz(f))
-        except (DumpError, OSError) as exc:
-            errors.append((str(f), str(exc)))
+        beat()   # a folder of many small files is progress, not a hang
+        found = cache.file(str(f)) if cache is not None else None
+        if found is None:
+            found = _read_plain(f, base)
+            if cache is not None:
+                cache.put_file(str(f), *found)
+        tensors.extend(found[0])
+        errors.extend(found[1])
     for i, t in enumerate(tensors):
         t.order, t.io = i, t.io or "output"
     return tensors
 
 
-def discover(path: Path, files: list[Path] | None = None,
+def discover(path: Path, files: list[Path] | None = None, cache: ScanCache | None = None,
              ) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
     """All tensors under ``path`` (tree by tree, each in execution order), the unreadable files
-    and trees with their reasons, and the layout (see the module docstring)."""
+    and trees with their reasons, and the layout (see the module docstring). ``files``: those
+    to sort (default: every file under ``path``); ``cache``: the daemon's per-file cache."""
     errors: list[tuple[str, str]] = []
     if files is None:
         w = walk(path)
@@ -167,7 +183,7 @@ def discover(path: Path, files: list[Path] | None = None,
     if ms_dirs or csvs:
         found["mindspore"] = _read_mindspore(ms_dirs, csvs, errors)
     if plain:
-        found["npy"] = _read_npy(plain, path if path.is_dir() else path.parent, errors)
+        found["npy"] = _read_npy(plain, path if path.is_dir() else path.parent, errors, cache)
     if not found:
         return [], errors, "npy"   # nothing recognised: an (empty) .npy tree, as before
     kinds = [k for k in KINDS if k in found]
