@@ -58,7 +58,7 @@ def unit_files(unit: str, limit: int = MAX_UNIT_FILES) -> Walk:
     for folder in (unit, os.path.join(unit, "dump_tensor_data")):
         try:
             with os.scandir(folder) as it:
-                names = sorted(e.name for e in it if _is_file(e))
+                names = sorted(e.name for e in it if not _is_dir(e))
         except OSError as exc:
             if folder == unit:
                 out.errors.append((unit, f"cannot list: {exc.strerror or exc}"))
@@ -73,9 +73,10 @@ def unit_files(unit: str, limit: int = MAX_UNIT_FILES) -> Walk:
     return out
 
 
-def _is_file(e: os.DirEntry) -> bool:
+def _is_dir(e: os.DirEntry) -> bool:
+    """As os.walk sorts them: anything but a folder (a FIFO too: its reader refuses it, reported)."""
     try:
-        return e.is_file(follow_symlinks=False)
+        return e.is_dir()
     except OSError:
         return False
 
