@@ -299,6 +299,7 @@ class DumpScheduler:
                      if (e["path"], e["reason"]) not in cache.replayed}
             r = ScanResult(unit, sig, result, samples=result_samples(result, {}, unit),
                            files_read=cache.files_read(files.files), fresh_errors=fresh)
+            cache.begin()   # the per-scan identities and tallies are not kept between scans
         except Cancelled:
             raise
         except Exception as exc:  # a reader bug must not kill the scan thread
