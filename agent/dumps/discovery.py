@@ -36,6 +36,7 @@ MAX_FILES = 200_000  # bound the walk of a hostile or mistaken tree
 KINDS = ("msprobe", "cann", "mindspore", "npy")   # reading order and the layout's precedence
 _STEP = re.compile(r"step(\d+)")
 _RANK = re.compile(r"rank(\d*)|proc(\d+)")
+Unreadable = list[tuple[DumpTensor, str]]   # a tensor (or a stand-in) that could not be read, and why
 
 
 @dataclass(slots=True)
@@ -139,10 +140,13 @@ def _read_plain(f: Path, base: Path) -> tuple[list[DumpTensor], list[tuple[str, 
 
 
 def _read_npy(files: list[Path], base: Path, errors: list[tuple[str, str]],
-              cache: ScanCache | None = None) -> list[DumpTensor]:
-    """Each plain ``.npy``/``.npz`` file is a tree of its own; ``cache``: an unchanged file is
-    answered from the daemon's cache (agent/dumps/cache.py), never read again."""
+              cache: ScanCache | None = None, unreadable: Unreadable | None = None) -> list[DumpTensor]:
+    """Each plain ``.npy``/``.npz`` file is a tree of its own, in file order; ``cache``: an
+    unchanged file is answered from the daemon's cache (agent/dumps/cache.py), never read again.
+    ``unreadable``: gets a stand-in for each file that cannot be read, at its place in the order
+    (it may hold the first NaN: agent/dumps/scan.py first_bad_op)."""
     tensors: list[DumpTensor] = []
+    order = 0
     for f in files:
         beat()   # a folder of many small files is progress, not a hang
         found = cache.file(str(f)) if cache is not None else None
@@ -150,18 +154,25 @@ def _read_npy(files: list[Path], base: Path, errors: list[tuple[str, str]],
             found = _read_plain(f, base)
             if cache is not None:
                 cache.put_file(str(f), *found)
+        for t in found[0]:
+            t.order, t.io, order = order, t.io or "output", order + 1
         tensors.extend(found[0])
         errors.extend(found[1])
-    for i, t in enumerate(tensors):
-        t.order, t.io = i, t.io or "output"
+        if found[1] and not found[0]:
+            if unreadable is not None:
+                unreadable.append((DumpTensor(name=str(f.relative_to(base)) if f.is_relative_to(base) else f.name,
+                                              io="output", index=0, dtype="", shape=(), order=order,
+                                              path=str(f)), found[1][0][1]))
+            order += 1
     return tensors
 
 
 def discover(path: Path, files: list[Path] | None = None, cache: ScanCache | None = None,
-             ) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
+             unreadable: Unreadable | None = None) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
     """All tensors under ``path`` (tree by tree, each in execution order), the unreadable files
     and trees with their reasons, and the layout (see the module docstring). ``files``: those
-    to sort (default: every file under ``path``); ``cache``: the daemon's per-file cache."""
+    to sort (default: every file under ``path``); ``cache``: the daemon's per-file cache;
+    ``unreadable``: gets a stand-in (with why) for each plain file that could not be read."""
     errors: list[tuple[str, str]] = []
     if files is None:
         w = walk(path)
@@ -183,7 +194,7 @@ def discover(path: Path, files: list[Path] | None = None, cache: ScanCache | Non
     if ms_dirs or csvs:
         found["mindspore"] = _read_mindspore(ms_dirs, csvs, errors)
     if plain:
-        found["npy"] = _read_npy(plain, path if path.is_dir() else path.parent, errors, cache)
+        found["npy"] = _read_npy(plain, path if path.is_dir() else path.parent, errors, cache, unreadable)
     if not found:
         return [], errors, "npy"   # nothing recognised: an (empty) .npy tree, as before
     kinds = [k for k in KINDS if k in found]

@@ -170,7 +170,8 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
     w = walk(path) if files is None else files
     if cache is not None:
         cache.begin()
-    tensors, errors, layout = discover(path, w.files, cache)
+    unreadable: list[tuple[DumpTensor, str]] = []   # may hold the true first NaN (first_bad_op)
+    tensors, errors, layout = discover(path, w.files, cache, unreadable)
     errors = w.errors + errors
     found = overflows(w.files, tensors, errors) if layout in ("cann", "mixed") else []
     if step is not None:
@@ -178,7 +179,6 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
         found = [o for o in found if o["step"] == step]
     kept: list[DumpTensor] = []
     stats: list[TensorStats] = []
-    unreadable: list[tuple[DumpTensor, str]] = []
     total = sum(tensor_bytes(t) for t in tensors)
     done = 0
     for i, t in enumerate(tensors):

@@ -150,3 +150,22 @@ def test_error_causes():
     assert cause_of("/x.npy: cannot read: Permission denied") == "io"
     assert cause_of("/x.npz: zip has 100000 members (limit 4096)") == "limit"
     assert cause_of("/x.npy: bad npy header: junk") == "invalid"
+
+
+def test_an_unreadable_npy_before_the_first_nan_makes_its_origin_uncertain(tmp_path):
+    """A plain .npy tree (file order is execution order): a truncated file before the first NaN."""
+    bad = np.ones(64, np.float32)
+    bad[5] = np.nan
+    np.save(tmp_path / "000_matmul.npy", np.ones(64, np.float32))
+    with open(tmp_path / "000_matmul.npy", "r+b") as fh:
+        fh.truncate(100)
+    np.save(tmp_path / "001_softmax.npy", bad)
+    np.save(tmp_path / "002_add.npy", bad)
+    r = json.loads(cli("--json", tmp_path).stdout)
+    f = r["first_nonfinite"]
+    assert f["op"] == "001_softmax.npy" and f["uncertain"] is True
+    assert [u["op"] for u in f["unreadable_before"]] == ["000_matmul.npy"]
+    # the same file truncated after the first NaN changes nothing
+    (tmp_path / "000_matmul.npy").rename(tmp_path / "003_late.npy")
+    f = json.loads(cli("--json", tmp_path).stdout)["first_nonfinite"]
+    assert f["op"] == "001_softmax.npy" and "uncertain" not in f
