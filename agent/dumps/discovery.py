@@ -33,6 +33,7 @@ from .npy import read_npy, read_npz
 from .types import DumpError, DumpTensor
 
 MAX_FILES = 200_000  # bound the walk of a hostile or mistaken tree
+MAX_STANDINS = 10_000  # stand-ins for unreadable plain files kept per scan (file order: the earliest)
 KINDS = ("msprobe", "cann", "mindspore", "npy")   # reading order and the layout's precedence
 _STEP = re.compile(r"step(\d+)")
 _RANK = re.compile(r"rank(\d*)|proc(\d+)")
@@ -159,7 +160,7 @@ def _read_npy(files: list[Path], base: Path, errors: list[tuple[str, str]],
         tensors.extend(found[0])
         errors.extend(found[1])
         if found[1] and not found[0]:
-            if unreadable is not None:
+            if unreadable is not None and len(unreadable) < MAX_STANDINS:   # the earliest ones matter
                 unreadable.append((DumpTensor(name=str(f.relative_to(base)) if f.is_relative_to(base) else f.name,
                                               io="output", index=0, dtype="", shape=(), order=order,
                                               path=str(f)), found[1][0][1]))
