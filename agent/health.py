@@ -16,7 +16,8 @@ ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan",
 COUNTERS = ("log_lines_read", "log_bytes_read", "log_records_parsed", "log_lines_truncated",
             "metric_records_skipped",
             "log_rotations", "log_truncations", "dump_files_scanned", "watch_events", "resyncs",
-            "queue_overflows", "symlinks_skipped", "rule_reloads_success", "rule_reloads_failure", "config_reloads_success",
+            "queue_overflows", "symlinks_skipped", "dump_unreadable_io", "dump_unreadable_truncated",
+            "dump_unreadable_limit", "dump_unreadable_invalid", "rule_reloads_success", "rule_reloads_failure", "config_reloads_success",
             "config_reloads_failure")
 
 log = logging.getLogger("precision_agent")
@@ -72,14 +73,17 @@ class Health:
         with self._lock:
             self.gauges[name] = value
 
-    def error(self, kind: str, message: str, *args: object) -> None:
-        """Count an error of ``kind`` and log it: every bad input gets a log line and a metric."""
+    def error(self, kind: str, message: str, *args: object, logged: bool = True) -> None:
+        """Count an error of ``kind`` and log it: every bad input gets a log line and a metric.
+        ``logged=False``: counted only, for a repeat whose line was already written (a dump file
+        unreadable for the same reason since it last changed, agent/daemon/dumpflow.py)."""
         if kind not in self.errors:
             kind = "internal"
         with self._lock:
             self.errors[kind] += 1
             self.last_error[kind] = message % args if args else message
-        log.error("%s error: " + message, kind, *args)
+        if logged:
+            log.error("%s error: " + message, kind, *args)
 
     def snapshot(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         with self._lock:

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..dumps.cache import CAUSES
 from ..health import Health
 from ..model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, Labels
 from ..engine.pipeline import Pipeline
@@ -102,7 +103,8 @@ class AgentCollector(Collector):
                              "not read (bad CRC, damaged framing, over the size limit, torn at the end)."),
                             ("log_rotations", "Log rotations (rename) followed."),
                             ("log_truncations", "Log truncations (copytruncate) followed."),
-                            ("dump_files_scanned", "Tensor-dump files scanned."),
+                            ("dump_files_scanned", "Tensor-dump files read by scans (an unchanged file is not "
+                             "read again)."),
                             ("watch_events", "File-system events received."),
                             ("resyncs", "Periodic reconciliation passes over the watched trees."),
                             ("queue_overflows", "Times the change queue was full and a resync was forced."),
@@ -118,6 +120,12 @@ class AgentCollector(Collector):
             for value, n in sorted(self.health.labelled_snapshot(name).items()):
                 c.add_metric([value], n)
             yield c
+        c = CounterMetricFamily(P + "dump_unreadable", "Dump files (or tensors) found unreadable by a scan, "
+                                "by cause (io, truncated, limit, invalid): counted each time a changed file "
+                                "fails, logged once per change.", labels=["cause"])
+        for cause in CAUSES:
+            c.add_metric([cause], counters.get(f"dump_unreadable_{cause}", 0.0))
+        yield c
         for what in ("rule", "config"):
             c = CounterMetricFamily(P + f"{what}_reloads", f"{what.capitalize()} reloads (SIGHUP) by result.",
                                     labels=["result"])

@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     res = compare_sides(target, bench, preset=args.preset, rerun=args.rerun, step=args.step, rank=args.rank,
                         progress=progress_bar(args.progress, verb="comparing", items="pairs"), fusion=fusion)
     res.target.errors += [("fusion", e) for e in fusion.errors]
+    for w in fusion.warnings:   # a bounded search cut short: a note, not an unreadable file
+        print(f"precision-agent: note: {w}", file=sys.stderr)
     if args.csv:
         try:
             with open(args.csv, "w", newline="", encoding="utf-8") as fh:

@@ -78,6 +78,11 @@ def format_report(r: dict[str, Any], limit: int = 40) -> str:
     lines.append(f"with NaN/Inf: {len(bad)}")
     f = r["first_nonfinite"]
     lines.append("first bad op: " + (f"{f['op']} {f['tensor']}{_at(f['step'], f['rank'])}" if f else "none"))
+    if f and f.get("uncertain"):
+        lines.append(f"  origin uncertain: {f.get('unreadable_before_count', 0)} tensor(s) before it could not be "
+                     "read; the true first non-finite tensor may be among them:")
+        lines += [f"    {u['op']} {u['tensor']}{_at(u['step'], u['rank'])}: {u['path']}: {u['reason']}"
+                  for u in f.get("unreadable_before") or ()]
     fs_ = r.get("fusion_suspect")
     if fs_ and fs_.get("kind"):
         lines.append(f"fusion suspect: {fs_['op']} is a fused {fs_.get('api') or 'op'} ({fs_['kind']}): {fs_['advice']}")
@@ -131,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(format_report(result))
+    for w in result.get("warnings") or ():
+        print(f"precision-agent: note: {w}", file=sys.stderr)
     if not result["tensors"] and not result["overflows"] and not result["errors"]:
         print(f"precision-agent: {path}: " + (f"no tensor at step {args.step}" if args.step is not None else
               "no dump files found (msprobe dump.json, CANN, Opdebug, MindSpore, .npy/.npz) at any depth"),

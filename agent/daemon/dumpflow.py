@@ -2,21 +2,25 @@
 
 On the scan thread (``after_scan``): the duties a dump watch's config asks for beyond the scan,
 i.e. the comparison with a benchmark run or rerun, and the cross-rank digest. On the worker
-(``handle``): count the scan, report unreadable files, feed every sample (first bad op, overflows,
+(``handle``): count the files read, report unreadable files (each once per change of the file,
+counted always: ``_errors``), feed every sample (first bad op, overflows,
 saturation, watchpoints, divergence) to the rules, export digests and comparison outcomes, and
 remember the directory's signature so that a restart does not scan it again.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
+from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..compare.live import DumpWork, after_scan, compare_sample
 from ..config import Config, Watch
+from ..dumps.cache import cause_of
 from ..dumps.results import DumpBook
 from ..dumps.samples import labelled
 from ..dumps.schedule import AfterScan, DumpScheduler, ScanResult
@@ -30,6 +34,10 @@ from ..sources.watcher import watch_for
 from ..store.saving import SaveTracker
 from ..store.state import StateError, StateStore
 
+log = logging.getLogger("precision_agent")
+MAX_LOGGED = 100_000    # (path, reason, file identity) of scan errors already logged
+LINES_PER_CAUSE = 10    # error lines per scan and cause; the rest in one summary line
+
 
 class DumpFlow:
     def __init__(self, config: Config, health: Health, pipeline: Pipeline, store: StateStore,
@@ -42,6 +50,7 @@ class DumpFlow:
         self.fusion = FusionPickup(watch_places(self._watch))   # the jobs' fusion reports and graphs
         self.scheduler.fusion = self.fusion.annotate
         self._catalogue_errors: set[str] = set()
+        self._logged: OrderedDict[int, None] = OrderedDict()   # hashes of scan errors and notes logged
 
     def keep_cache(self, unit: str) -> bool:
         """Scan thread: keep a unit's pages in the page cache when a comparison will read them
@@ -92,10 +101,11 @@ class DumpFlow:
             self.health.error("scan", "%s: %s", r.unit, r.error)
             return
         assert r.signature is not None
-        self.health.inc("dump_files_scanned", r.signature[0])
-        for e in r.result["errors"]:
-            if self._first_time(e):
-                self.health.error("scan", "%s: %s", e["path"], e["reason"])
+        self.health.inc("dump_files_scanned", r.files_read)
+        self._errors(r)
+        for w in r.result.get("warnings") or ():
+            if self._remember(("warning", w)):
+                log.warning("scan of %s: %s", r.unit, w)
         self.pipeline.process(labelled(r.samples, labels))
         self.book.origins.observe(r.result, labels, r.unit, r.signature[2] / 1e9)
         try:
@@ -106,6 +116,43 @@ class DumpFlow:
                 self.health.error("state", "could not record the scan of %s: %s", r.unit, exc)
             else:
                 self.saves.failed(exc, time.time(), f"record the scan of {r.unit}")
+
+    def _remember(self, key: tuple[Any, ...]) -> bool:
+        """True the first time ``key`` is seen (a bounded memory of hashes: the oldest are forgotten)."""
+        key = hash(key)
+        if key in self._logged:
+            self._logged.move_to_end(key)
+            return False
+        self._logged[key] = None
+        while len(self._logged) > MAX_LOGGED:
+            self._logged.popitem(last=False)
+        return True
+
+    def _errors(self, r: ScanResult) -> None:
+        """A scan's unreadable files: each one found anew is counted (``errors_total{kind="scan"}``
+        and ``dump_unreadable_total{cause}``); its line is written once per change of the file (its
+        identity), at most LINES_PER_CAUSE per scan and cause, the rest summed up in one line.
+        Errors answered from the scan cache (the file did not change) were reported before."""
+        assert r.result is not None
+        hidden: dict[str, int] = {}
+        shown: dict[str, int] = {}
+        for e in r.result["errors"]:
+            key = (e["path"], e["reason"])
+            if key not in r.fresh_errors or not self._first_time(e):
+                continue
+            cause = cause_of(e["reason"])
+            self.health.inc(f"dump_unreadable_{cause}")
+            new = self._remember((*key, r.fresh_errors[key]))
+            if new and shown.get(cause, 0) < LINES_PER_CAUSE:
+                shown[cause] = shown.get(cause, 0) + 1
+                self.health.error("scan", "%s: %s", e["path"], e["reason"])
+            else:
+                hidden[cause] = hidden.get(cause, 0) + int(new)
+                self.health.error("scan", "%s: %s", e["path"], e["reason"], logged=False)
+        for cause, n in hidden.items():
+            if n:
+                log.warning("scan of %s: %d more unreadable file(s) (%s) not logged one by one; counted in "
+                            "precision_agent_dump_unreadable_total{cause=\"%s\"}", r.unit, n, cause, cause)
 
     def _first_time(self, e: dict[str, Any]) -> bool:
         """False for a broken fused-API catalogue already counted: one ``config`` error per error

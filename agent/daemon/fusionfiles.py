@@ -91,8 +91,9 @@ class FusionPickup:
         if found is None:
             return None
         job, places = found
-        notes: list[str] = []   # walks cut short, a graph too big: reported with each new version of the files
-        report, graph = newest_files(places, notes)
+        notes: list[str] = []   # a graph too big: reported with each new version of the files
+        cut: list[str] = []     # walks cut short: a warning (no file went unread that was asked for)
+        report, graph = newest_files(places, cut)
         sigs = (_sig(report), _sig(graph))
         with self._lock:
             cached = self.latest.get(job)
@@ -107,8 +108,9 @@ class FusionPickup:
         else:
             ctx = load_context(str(graph) if graph else None, [str(report)] if report else None)
         ctx.errors[:0] = notes
+        ctx.warnings[:0] = cut
         with self._lock:
-            self.latest[job] = _Latest(sigs, replace(ctx, errors=[]))
+            self.latest[job] = _Latest(sigs, replace(ctx, errors=[], warnings=[]))
         return ctx
 
     def annotate(self, unit: str, result: dict[str, Any]) -> None:

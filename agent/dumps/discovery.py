@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..health import beat
+from .cache import ScanCache
 from .cann import dump_dir_location, list_dump_dir, parse_dump_name
 from .mindspore import parse_npy_name, read_mindspore_npy_dir, read_statistic_csv
 from .msprobe import read_msprobe_rank_dir
@@ -31,9 +33,11 @@ from .npy import read_npy, read_npz
 from .types import DumpError, DumpTensor
 
 MAX_FILES = 200_000  # bound the walk of a hostile or mistaken tree
+MAX_STANDINS = 10_000  # stand-ins for unreadable plain files kept per scan (file order: the earliest)
 KINDS = ("msprobe", "cann", "mindspore", "npy")   # reading order and the layout's precedence
 _STEP = re.compile(r"step(\d+)")
 _RANK = re.compile(r"rank(\d*)|proc(\d+)")
+Unreadable = list[tuple[DumpTensor, str]]   # a tensor (or a stand-in) that could not be read, and why
 
 
 @dataclass(slots=True)
@@ -127,25 +131,49 @@ def _read_mindspore(dirs: list[str], csvs: list[Path], errors: list[tuple[str, s
     return tensors
 
 
-def _read_npy(files: list[Path], base: Path, errors: list[tuple[str, str]]) -> list[DumpTensor]:
+def _read_plain(f: Path, base: Path) -> tuple[list[DumpTensor], list[tuple[str, str]]]:
+    try:
+        if f.suffix == ".npy":
+            return [read_npy(f, name=str(f.relative_to(base)))], []
+        return read_npz(f), []
+    except (DumpError, OSError) as exc:
+        return [], [(str(f), str(exc))]
+
+
+def _read_npy(files: list[Path], base: Path, errors: list[tuple[str, str]],
+              cache: ScanCache | None = None, unreadable: Unreadable | None = None) -> list[DumpTensor]:
+    """Each plain ``.npy``/``.npz`` file is a tree of its own, in file order; ``cache``: an
+    unchanged file is answered from the daemon's cache (agent/dumps/cache.py), never read again.
+    ``unreadable``: gets a stand-in for each file that cannot be read, at its place in the order
+    (it may hold the first NaN: agent/dumps/scan.py first_bad_op)."""
     tensors: list[DumpTensor] = []
+    order = 0
     for f in files:
-        try:
-            if f.suffix == ".npy":
-                tensors.append(read_npy(f, name=str(f.relative_to(base))))
-            else:
-                tensors.extend(read_npz(f))
-        except (DumpError, OSError) as exc:
-            errors.append((str(f), str(exc)))
-    for i, t in enumerate(tensors):
-        t.order, t.io = i, t.io or "output"
+        beat()   # a folder of many small files is progress, not a hang
+        found = cache.file(str(f)) if cache is not None else None
+        if found is None:
+            found = _read_plain(f, base)
+            if cache is not None:
+                cache.put_file(str(f), *found)
+        for t in found[0]:
+            t.order, t.io, order = order, t.io or "output", order + 1
+        tensors.extend(found[0])
+        errors.extend(found[1])
+        if found[1] and not found[0]:
+            if unreadable is not None and len(unreadable) < MAX_STANDINS:   # the earliest ones matter
+                unreadable.append((DumpTensor(name=str(f.relative_to(base)) if f.is_relative_to(base) else f.name,
+                                              io="output", index=0, dtype="", shape=(), order=order,
+                                              path=str(f)), found[1][0][1]))
+            order += 1
     return tensors
 
 
-def discover(path: Path, files: list[Path] | None = None,
-             ) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
+def discover(path: Path, files: list[Path] | None = None, cache: ScanCache | None = None,
+             unreadable: Unreadable | None = None) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
     """All tensors under ``path`` (tree by tree, each in execution order), the unreadable files
-    and trees with their reasons, and the layout (see the module docstring)."""
+    and trees with their reasons, and the layout (see the module docstring). ``files``: those
+    to sort (default: every file under ``path``); ``cache``: the daemon's per-file cache;
+    ``unreadable``: gets a stand-in (with why) for each plain file that could not be read."""
     errors: list[tuple[str, str]] = []
     if files is None:
         w = walk(path)
@@ -167,7 +195,7 @@ def discover(path: Path, files: list[Path] | None = None,
     if ms_dirs or csvs:
         found["mindspore"] = _read_mindspore(ms_dirs, csvs, errors)
     if plain:
-        found["npy"] = _read_npy(plain, path if path.is_dir() else path.parent, errors)
+        found["npy"] = _read_npy(plain, path if path.is_dir() else path.parent, errors, cache, unreadable)
     if not found:
         return [], errors, "npy"   # nothing recognised: an (empty) .npy tree, as before
     kinds = [k for k in KINDS if k in found]

@@ -38,6 +38,17 @@ def fusion_attrs(found: dict[str, Any] | None) -> tuple[tuple[str, Any], ...]:
             ("fusion_fused_ops", tuple(found.get("fused_ops") or ())))
 
 
+def uncertain_attrs(first: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A first bad op found after an unreadable tensor (agent/dumps/scan.py first_bad_op): the
+    unreadable one may have been the true origin; its name and path go with the page."""
+    if not first.get("uncertain"):
+        return ()
+    names = tuple(f"{u['op']} {u['tensor']} ({u['path']}: {u['reason']})"[:300]
+                  for u in first.get("unreadable_before") or ())
+    return (("uncertain", True), ("unreadable_before", names),
+            ("unreadable_before_count", first.get("unreadable_before_count", len(names))))
+
+
 def _nonfinite_sample(result: dict[str, Any], labels: dict[str, str], src: SourcePos, now: float,
                       ) -> list[Sample]:
     first = result.get("first_nonfinite")
@@ -48,7 +59,7 @@ def _nonfinite_sample(result: dict[str, Any], labels: dict[str, str], src: Sourc
     nonfinite = (bad.get("nan") or 0) + (bad.get("pos_inf") or 0) + (bad.get("neg_inf") or 0)
     attrs = (("op", first["op"]), ("tensor", first["tensor"]), ("rank", first["rank"]), ("nonfinite", nonfinite),
              ("dtype", bad.get("dtype")), ("max", bad.get("max")), ("min", bad.get("min")),
-             *fusion_attrs(result.get("fusion_suspect")))
+             *fusion_attrs(result.get("fusion_suspect")), *uncertain_attrs(first))
     return [Sample(_located(labels, first["rank"]), DUMP_NONFINITE, float(nonfinite), first["step"], src, now,
                    None, attrs)]
 

@@ -28,12 +28,14 @@ import numpy as np
 from ..health import beat
 from ..model import TensorStats
 from .cann import dump_dir_location, parse_dump_name
-from .discovery import MAX_FILES, discover, walk  # noqa: F401 - discover is re-exported (compare)
+from .cache import ScanCache
+from .discovery import MAX_FILES, Walk, discover, walk  # noqa: F401 - discover is re-exported (compare)
 from .opdebug import find_overflow_ops
 from .scanner import scan_array
 from .types import DumpError, DumpTensor
 from .windows import scan_region
 
+MAX_UNREADABLE = 16        # unreadable tensors named in first_nonfinite["unreadable_before"]
 MAX_OPDEBUG_FILES = 10_000  # per scan: each is decoded, and each overflow becomes a JSON entry
 Progress = Callable[[int, int, int, int], None]  # (bytes done, bytes in all, tensors done, tensors in all)
 
@@ -109,38 +111,67 @@ def statistics(t: DumpTensor, threads: int = 1, on_bytes: Callable[[int], None] 
     return replace(s, step=t.step, rank=t.rank, path=t.path)
 
 
-def first_bad_op(tensors: list[DumpTensor], stats: list[TensorStats]) -> dict[str, Any] | None:
+def _op_key(t: DumpTensor) -> tuple:
+    """An op's place in the global order: step, execution order, rank (None as -1), name."""
+    return (t.step if t.step is not None else -1, t.order, t.rank if t.rank is not None else -1, t.name)
+
+
+def _where(t: DumpTensor) -> dict[str, Any]:
+    return {"step": t.step, "rank": t.rank, "op": t.name, "tensor": f"{t.io}[{t.index}]"}
+
+
+def first_bad_op(tensors: list[DumpTensor], stats: list[TensorStats],
+                 unreadable: list[tuple[DumpTensor, str]] | None = None) -> dict[str, Any] | None:
     """msprobe's rule: the first op, in execution order, whose inputs are all finite while an
     output is not; across steps and ranks, the earliest. Without such an op (e.g. an input was
-    already bad when the dump began), the first non-finite tensor."""
+    already bad when the dump began), the first non-finite tensor.
+
+    ``unreadable``: tensors whose data could not be read, with why. One that comes before the op
+    found (or is one of its inputs) may have been the true first non-finite tensor: the answer
+    then says ``"uncertain": true`` and lists them in ``unreadable_before`` (the earliest first)."""
     ops: dict[tuple, list[tuple[DumpTensor, TensorStats]]] = {}
     for t, s in zip(tensors, stats):
-        ops.setdefault((t.step if t.step is not None else -1, t.rank if t.rank is not None else -1, t.order,
-                        t.name), []).append((t, s))
-    fallback = None
-    for key in sorted(ops, key=lambda k: (k[0], k[2], k[1])):
+        ops.setdefault(_op_key(t), []).append((t, s))
+    found = fallback = None
+    for key in sorted(ops, key=lambda k: k[:3]):   # stable: ops at one place keep the dump's order
         items = ops[key]
         inputs = [s for t, s in items if t.io in ("input", "param")]
         bad_out = [(t, s) for t, s in items if t.io not in ("input", "param") and s.nonfinite]
         if bad_out and not any(s.nonfinite for s in inputs):
-            t, _ = bad_out[0]
-            return {"step": t.step, "rank": t.rank, "op": t.name, "tensor": f"{t.io}[{t.index}]", "by": "op"}
+            found = (key, dict(_where(bad_out[0][0]), by="op"))
+            break
         if fallback is None:
-            bad = [(t, s) for t, s in items if s.nonfinite]
+            bad = [t for t, s in items if s.nonfinite]
             if bad:
-                t, _ = bad[0]
-                fallback = {"step": t.step, "rank": t.rank, "op": t.name, "tensor": f"{t.io}[{t.index}]",
-                            "by": "first_tensor"}
-    return fallback
+                fallback = (key, dict(_where(bad[0]), by="first_tensor"))
+    if found is None:
+        found = fallback
+    if found is None:
+        return None
+    key, first = found
+    before = sorted(((t, why) for t, why in unreadable or ()
+                     if _op_key(t)[:3] < key[:3] or (_op_key(t) == key and t.io in ("input", "param"))),
+                    key=lambda u: _op_key(u[0])[:3])
+    if before:
+        first["uncertain"] = True
+        first["unreadable_before"] = [dict(_where(t), path=t.path, reason=why) for t, why in before[:MAX_UNREADABLE]]
+        first["unreadable_before_count"] = len(before)
+    return first
 
 
 def scan_dump(path: Path, step: int | None = None, progress: Progress | None = None,
-              threads: int = 1, drop_cache: bool = True) -> dict[str, Any]:
+              threads: int = 1, drop_cache: bool = True, files: Walk | None = None,
+              cache: ScanCache | None = None) -> dict[str, Any]:
     """Statistics, first bad op, overflows and unreadable files of one tree (no findings).
     ``progress(bytes done, bytes in all, tensors done, tensors in all)``; ``drop_cache=False``
-    keeps the pages read in the page cache (a comparison reads them next)."""
-    w = walk(path)
-    tensors, errors, layout = discover(path, w.files)
+    keeps the pages read in the page cache (a comparison reads them next). ``files``: the files
+    that make the tree (default: every file under ``path``; the daemon gives a directory's own,
+    agent/dumps/schedule.py); ``cache``: unchanged files answered from it (agent/dumps/cache.py)."""
+    w = walk(path) if files is None else files
+    if cache is not None:
+        cache.begin()
+    unreadable: list[tuple[DumpTensor, str]] = []   # may hold the true first NaN (first_bad_op)
+    tensors, errors, layout = discover(path, w.files, cache, unreadable)
     errors = w.errors + errors
     found = overflows(w.files, tensors, errors) if layout in ("cann", "mixed") else []
     if step is not None:
@@ -158,22 +189,31 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
             done += n
             if progress is not None:
                 progress(min(done, total), total, i, len(tensors))
+        known = cache.stats(t) if cache is not None else None
         try:
-            stats.append(statistics(t, threads, on_bytes if progress is not None else None, drop_cache))
+            if isinstance(known, str):
+                raise DumpError(known)
+            s = known or statistics(t, threads, on_bytes if progress is not None else None, drop_cache)
+            if known is None and cache is not None:
+                cache.put_stats(t, s)
+            stats.append(replace(s, step=t.step, rank=t.rank, path=t.path))
             kept.append(t)
         except (DumpError, TypeError, ValueError, OSError) as exc:
             errors.append((t.path or t.name, str(exc)))
+            unreadable.append((t, str(exc)))
+            if known is None and cache is not None:
+                cache.put_stats(t, str(exc))
         done = before + tensor_bytes(t)
         beat()
         if progress is not None:
             progress(done, total, i + 1, len(tensors))
     layouts = sorted({t.extra.get("layout", layout) for t in tensors}) if layout == "mixed" else [layout]
-    first = first_bad_op(kept, stats)
+    first = first_bad_op(kept, stats, unreadable)
     op = first["op"] if first else (found[0]["op"] if found else None)
     out_errors = [{"path": p, "reason": r} for p, r in errors]
     return {"path": str(path), "layout": layout, "layouts": layouts, "tensors": [asdict(s) for s in stats],
             "first_nonfinite": first, "overflows": found, "fusion_suspect": fusion_suspect_of(op, errors=out_errors),
-            "errors": out_errors}
+            "errors": out_errors, "warnings": []}
 
 
 def inf_extremes(mx: float | None, mn: float | None, pos_inf: int, neg_inf: int,
@@ -224,3 +264,5 @@ def with_fusion(r: dict[str, Any], fusion: Any) -> None:
         op = first["op"] if first else (r["overflows"][0]["op"] if r["overflows"] else None)
         r["fusion_suspect"] = fusion_suspect_of(op, fusion.graph, fusion.report, r["errors"])
     r["errors"] += [{"path": "fusion", "reason": e} for e in fusion.errors]
+    if fusion.warnings:   # a bounded search cut short: a note, never an unreadable file
+        r.setdefault("warnings", []).extend(fusion.warnings)

@@ -4,6 +4,9 @@ A training job writes a dump directory file by file; scanning half a directory w
 nonsense (or the same op twice). A directory is therefore scanned once it has been quiet for
 ``settle`` seconds (no change event, and no file modified, for that long), and only if its signature (file count, total size, newest mtime) differs from
 the one already scanned: a restart, or an event for an unchanged file, scans nothing again.
+A unit is one directory's own files (:func:`unit_files`; a sub-folder is a unit of its own), so
+each file is scanned in one unit under one name; a rescan reads only the files that changed
+(agent/dumps/cache.py), so a flat root that grows at every step is not re-read whole each time.
 Scans run one at a time on their own thread, fed by a bounded queue; results come back through
 an inbox the main worker drains, so the pipeline keeps a single owner.
 
@@ -28,7 +31,9 @@ from pathlib import Path
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager
 
-from ..health import Cancelled, Heartbeat, bind
+from ..health import Cancelled, Heartbeat, beat, bind
+from .cache import ScanCache
+from .discovery import Walk
 from .scan import scan_dump
 
 from ..model import Sample
@@ -44,21 +49,50 @@ def unit_of(path: str) -> str:
     return os.path.dirname(d) if os.path.basename(d) == "dump_tensor_data" else d
 
 
-def signature(unit: str) -> tuple[int, int, int] | None:
-    """(files, bytes, newest mtime in ns) of a directory tree; None if it is gone."""
-    n = size = newest = 0
+def unit_files(unit: str, limit: int = MAX_UNIT_FILES) -> Walk:
+    """The files that belong to ``unit`` (those whose :func:`unit_of` it is), sorted: its own
+    files and those of its ``dump_tensor_data/``. A sub-folder is a unit of its own, so every
+    file is scanned in exactly one unit and named once (a dump root with files beside its step
+    folders never rescans, nor renames, the folders' tensors)."""
+    out = Walk()
+    for folder in (unit, os.path.join(unit, "dump_tensor_data")):
+        try:
+            with os.scandir(folder) as it:
+                names = sorted(e.name for e in it if not _is_dir(e))
+        except OSError as exc:
+            if folder == unit:
+                out.errors.append((unit, f"cannot list: {exc.strerror or exc}"))
+            continue
+        for i, name in enumerate(names):
+            if i % 1024 == 0:
+                beat()   # the worker (signature) or the scan thread: a big folder is progress
+            if len(out.files) >= limit:
+                out.errors.append((unit, f"stopped after {limit} files: the rest of the folder was not read"))
+                return out
+            out.files.append(Path(folder) / name)
+    return out
+
+
+def _is_dir(e: os.DirEntry) -> bool:
+    """As os.walk sorts them: anything but a folder (a FIFO too: its reader refuses it, reported)."""
     try:
-        for dirpath, _dirs, files in os.walk(unit):
-            for f in files:
-                try:
-                    st = os.stat(os.path.join(dirpath, f))
-                except OSError:
-                    continue
-                n, size, newest = n + 1, size + st.st_size, max(newest, st.st_mtime_ns)
-                if n >= MAX_UNIT_FILES:
-                    return n, size, newest
+        return e.is_dir()
     except OSError:
-        return None
+        return False
+
+
+def signature(unit: str) -> tuple[int, int, int] | None:
+    """(files, bytes, newest mtime in ns) of a unit's own files (:func:`unit_files`); None if
+    it is gone or has none."""
+    n = size = newest = 0
+    for i, f in enumerate(unit_files(unit).files):
+        if i % 1024 == 0:
+            beat()
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        n, size, newest = n + 1, size + st.st_size, max(newest, st.st_mtime_ns)
     return (n, size, newest) if n else None
 
 
@@ -93,6 +127,10 @@ class ScanResult:
     # data (weight sketches), which must not hold up the daemon's main worker
     samples: list[Sample] = field(default_factory=list)
     after: AfterScan = field(default_factory=AfterScan)   # comparison and digests
+    files_read: int = 0       # files read by this scan (unchanged ones come from the cache)
+    # the errors found anew, (path, reason) -> the file's identity (agent/dumps/cache.py); the
+    # others were answered from the cache: reported when their file last changed
+    fresh_errors: dict[tuple[str, str], tuple | None] = field(default_factory=dict)
 
 
 AfterScanFn = Callable[[str], "AfterScan"]   # the watch's duties beyond the scan (compare/live.py)
@@ -126,6 +164,7 @@ class DumpScheduler:
         self.fusion: Callable[[str, dict[str, Any]], None] | None = None  # daemon/fusionfiles.py annotate
         self._thread = self._new_thread()
         self._stuck: list[tuple[threading.Thread, Heartbeat]] = []
+        self.cache = ScanCache()   # per-file results by identity: a rescan reads only what changed
         self._lock = threading.Lock()
 
     def _new_thread(self) -> threading.Thread:
@@ -164,6 +203,7 @@ class DumpScheduler:
                 self.on_stall(f"scan of {hb.what}: no progress for {timeout:.0f} s (a file stuck in the kernel, "
                               f"e.g. a hung network mount?); a new scan thread takes over the other trees")
             self._stuck.append((self._thread, hb))
+            self.cache = ScanCache()   # the stuck thread may still write to the old one
             self.heartbeat = Heartbeat("dump-scan")
             self._thread = self._new_thread()
             self._thread.start()
@@ -250,10 +290,16 @@ class DumpScheduler:
             return
         try:
             keep = self.keep_cache is not None and self.keep_cache(unit)
-            result = scan_dump(Path(unit), drop_cache=not keep)
+            cache = self.cache   # a thread left stuck keeps this one: check_stalled gives the next its own
+            files = unit_files(unit)
+            result = scan_dump(Path(unit), drop_cache=not keep, files=files, cache=cache)
             if self.fusion is not None:
                 self.fusion(unit, result)
-            r = ScanResult(unit, sig, result, samples=result_samples(result, {}, unit))
+            fresh = {(e["path"], e["reason"]): cache.identity(e["path"]) for e in result["errors"]
+                     if (e["path"], e["reason"]) not in cache.replayed}
+            r = ScanResult(unit, sig, result, samples=result_samples(result, {}, unit),
+                           files_read=cache.files_read(files.files), fresh_errors=fresh)
+            cache.begin()   # the per-scan identities and tallies are not kept between scans
         except Cancelled:
             raise
         except Exception as exc:  # a reader bug must not kill the scan thread

@@ -28,6 +28,8 @@ class FusionContext:
     graph: GeGraph | None = None
     report: FusionReport | None = None
     errors: list[str] = field(default_factory=list)
+    # notes that are no error (a search cut at its bound): printed, never a failed scan
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -54,11 +56,14 @@ class Found(NamedTuple):
 def discover(root: Path, limit: int = MAX_WALK) -> Found:
     """The newest fusion report and GE build graph under ``root`` (symlinks not followed).
     Breadth-first, shallow folders first (a job's ``graphs/`` beside a big ``dump/`` is reached),
-    names in sorted order; at most ``limit`` entries looked at, and ``cut_short`` says so."""
+    names in sorted order; at most ``limit`` entries looked at, and ``cut_short`` says so.
+    ``root`` a file: only the files beside it (its folder's own entries, no sibling folder is
+    entered): a single dump file's compiler files lie next to it, or are named."""
     reports: list[Path] = []
     graphs: list[Path] = []
     seen = 0
-    base = root if root.is_dir() else root.parent
+    is_dir = root.is_dir()
+    base = root if is_dir else root.parent
     queue: deque[Path] = deque([base])
     while queue:
         folder = queue.popleft()
@@ -74,11 +79,12 @@ def discover(root: Path, limit: int = MAX_WALK) -> Found:
                              f"{base}: searched the first {limit} entries for fusion reports and graphs, "
                              f"not the rest (name the files, or their folder, to use them)")
             try:
-                is_dir = e.is_dir(follow_symlinks=False)
+                entry_dir = e.is_dir(follow_symlinks=False)
             except OSError:
                 continue
-            if is_dir:
-                queue.append(Path(e.path))
+            if entry_dir:
+                if is_dir:   # a file's search never enters the folders beside it
+                    queue.append(Path(e.path))
             elif fnmatch(e.name, REPORT_GLOB):
                 reports.append(Path(e.path))
             elif any(fnmatch(e.name, g) for g in GRAPH_GLOBS):
@@ -88,13 +94,14 @@ def discover(root: Path, limit: int = MAX_WALK) -> Found:
 
 def load_context(graph: str | None = None, reports: list[str] | None = None, root: Path | None = None,
                  ) -> FusionContext:
-    """The given files, else those found under ``root``; unreadable ones are listed in ``errors``."""
+    """The given files, else those found under ``root``; unreadable ones are listed in ``errors``,
+    a search cut at its bound in ``warnings`` (the scan itself is not the worse for it)."""
     ctx = FusionContext()
     found_report = found_graph = None
     if root is not None and (graph is None or not reports):
         found_report, found_graph, cut_short = discover(root)
         if cut_short:
-            ctx.errors.append(cut_short)
+            ctx.warnings.append(cut_short)
     graph_file = graph or (str(found_graph) if found_graph else None)
     report_files = reports or ([str(found_report)] if found_report else [])
     if graph_file:
@@ -115,8 +122,11 @@ def context_for(graph: str | None, reports: list[str] | None, roots: list[str | 
     holds an executed graph or a fusion report."""
     if graph or reports:
         return load_context(graph, reports, root=Path(roots[0]) if not graph or not reports else None)
+    warnings: list[str] = []
     for root in roots:
         ctx = load_context(root=Path(root))
+        warnings += ctx.warnings
         if not ctx.empty or ctx.errors:
+            ctx.warnings = warnings
             return ctx
-    return FusionContext()
+    return FusionContext(warnings=warnings)
