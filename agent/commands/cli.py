@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     rc.set_defaults(func=cmd_rules_check, rules=None)
     rt = rsub.add_parser("test", help="unit-test rule files (like promtool test rules)")
     rt.add_argument("files", nargs="+", help="test files (YAML; see docs/rules-testing.md)")
-    rt.add_argument("--run", metavar="REGEX", help="only the tests whose name matches this regex")
+    rt.add_argument("--run", metavar="REGEX", help="only the tests whose name matches this regex (RE2 syntax, searched)")
     rt.set_defaults(func=cmd_rules_test, rules=None)
 
     d = sub.add_parser("demo", help="start the agent on a simulated training job and show alerts firing")
