@@ -68,12 +68,12 @@ def _bytes(text: str) -> bytes:
         return text.encode("utf-8", "surrogatepass")
 
 
-def _chars(b: bytes) -> int:
-    """How many characters of the text ``b`` encodes (a cut character counts as one)."""
+def _text(b: bytes) -> str:
+    """The text ``_bytes`` encoded as ``b`` (a cut character: U+FFFD)."""
     try:
-        return len(b.decode("utf-8", "surrogatepass"))
+        return b.decode("utf-8", "surrogatepass")
     except UnicodeDecodeError:
-        return len(b.decode("utf-8", "replace"))
+        return b.decode("utf-8", "replace")
 
 
 class UserRegex:
@@ -136,9 +136,9 @@ class UserRegex:
             if ascii_:
                 pos = start
             else:   # offsets grow, so each byte of the text is decoded once
-                last_c += _chars(b[last_b:start])
+                last_c += len(_text(b[last_b:start]))
                 last_b, pos = start, last_c
-            yield pos, [None if s < 0 else b[s:e].decode("utf-8", "replace") for s, e in spans]
+            yield pos, [None if s < 0 else _text(b[s:e]) for s, e in spans]
 
     def _spans(self, b: bytes) -> Iterator[tuple[int, list[tuple[int, int]]]]:
         end = len(b)
