@@ -63,7 +63,7 @@ def step_digests(tensors: list[DumpTensor], pattern: str) -> list[StepDigest]:
         h = hashlib.blake2b(digest_size=8)
         from_stats = False
         for t in sorted(ts, key=lambda t: (t.order, t.io, t.index)):
-            h.update(f"{tensor_key(t)}|{t.dtype}|{t.shape}\n".encode())
+            h.update(f"{tensor_key(t)}|{t.dtype}|{t.shape}\n".encode("utf-8", "surrogatepass"))  # names from JSON may hold lone surrogates
             if t.load is not None:
                 _feed_data(h, t)
             else:
