@@ -125,20 +125,22 @@ class UserRegex:
             return self._match(_ANCHOR_BOTH, b, 0, len(b))[0][0] >= 0
         return self._rx.fullmatch(b) is not None
 
-    def matches(self, text: str) -> Iterator[tuple[int, list[str | None]]]:
+    def matches(self, text: str, groups: tuple[int, ...] | None = None) -> Iterator[tuple[int, list[str | None]]]:
         """Every non-overlapping match in ``text``, left to right: its start (a character index
-        into ``text``) and the text of each group (index 0: the whole match; None: the group
-        took no part)."""
+        into ``text``) and the text of each group in ``groups`` (default: all, 0 being the whole
+        match; None: the group took no part)."""
+        wanted = tuple(range(self.groups + 1)) if groups is None else groups
         b = _bytes(text)
-        ascii_ = len(b) == len(text)           # then byte and character offsets are the same
+        if len(b) == len(text):   # ASCII: byte and character offsets are the same, groups are slices
+            for start, spans in self._spans(b):
+                yield start, [text[s:e] if (s := spans[i][0]) >= 0 and (e := spans[i][1]) >= 0 else None
+                              for i in wanted]
+            return
         last_b = last_c = 0
         for start, spans in self._spans(b):
-            if ascii_:
-                pos = start
-            else:   # offsets grow, so each byte of the text is decoded once
-                last_c += len(_text(b[last_b:start]))
-                last_b, pos = start, last_c
-            yield pos, [None if s < 0 else _text(b[s:e]) for s, e in spans]
+            last_c += len(_text(b[last_b:start]))   # offsets grow: each byte is decoded once
+            last_b = start
+            yield last_c, [None if spans[i][0] < 0 else _text(b[spans[i][0]:spans[i][1]]) for i in wanted]
 
     def _spans(self, b: bytes) -> Iterator[tuple[int, list[tuple[int, int]]]]:
         end = len(b)

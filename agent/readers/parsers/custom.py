@@ -48,11 +48,14 @@ class RegexParser(Parser):
                              f"use at least one of {', '.join(g for g in KNOWN_GROUPS if g != 'step')}")
         if self.regex.search(""):
             raise ValueError(f"custom log format: {pattern!r} matches an empty string; make it require text")
-        index = self.regex.groupindex
-        self._step = index.get("step")
-        self._values = tuple((index[g], metric) for g, metric in VALUE_GROUPS.items() if g in index)
-        self._overflow = index.get("overflow")
-        self._nonfinite = index.get("nonfinite")
+        # only the named groups are read out of a match, at these places of its list
+        names = [g for g in KNOWN_GROUPS if g in groups]
+        self._wanted = tuple(self.regex.groupindex[g] for g in names)
+        at = {g: i for i, g in enumerate(names)}
+        self._step = at.get("step")
+        self._values = tuple((at[g], metric) for g, metric in VALUE_GROUPS.items() if g in at)
+        self._overflow = at.get("overflow")
+        self._nonfinite = at.get("nonfinite")
 
     def wants(self, text: str) -> bool:
         return True
@@ -60,7 +63,7 @@ class RegexParser(Parser):
     def parse(self, block: Block) -> list[Record]:
         out: list[Record] = []
         step_at, values, overflow_at, nonfinite_at = self._step, self._values, self._overflow, self._nonfinite
-        for pos, g in self.regex.matches(block.text):
+        for pos, g in self.regex.matches(block.text, self._wanted):
             rec = self.record(block, pos)
             if step_at is not None and (raw := g[step_at]) and (s := to_float(raw)) is not None \
                     and math.isfinite(s):
