@@ -104,11 +104,11 @@ class UserRegex:
     def __repr__(self) -> str:
         return f"UserRegex({self.pattern!r})"
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, UserRegex) and other.pattern == self.pattern
+    def __eq__(self, other: object) -> bool:   # the compiled text: pattern and (?m)
+        return isinstance(other, UserRegex) and other._rx.pattern == self._rx.pattern
 
     def __hash__(self) -> int:
-        return hash(self.pattern)
+        return hash(self._rx.pattern)
 
     def search(self, text: str) -> bool:
         """Whether the regex matches anywhere in ``text``."""
