@@ -1,7 +1,10 @@
 """Parsing throughput: a large Megatron-format log through the agent's reader (tailer, ANSI strip,
 every registered parser, copy filter, typed samples) against a plain Python line loop over the
 same file, measured in the same run; the tailer alone and the tailer with the parsers (no samples)
-show where the reader's time goes. Also the full pipeline (series state and shipped rules).
+show where the reader's time goes. Also the full pipeline (series state and shipped rules), and the
+same file read as a user-defined ``format: custom`` (a ``pattern`` for these lines, matched by RE2 as
+every user regex is: agent/config/regex.py), for the cost of the user's regex against the built-in
+parser.
 
 Goals (issue 13, catch-up speed): the reader alone at least 150k lines/s, the whole pipeline
 (series state and the shipped rules) at least 50k lines/s; the ratio to the plain loop is shown
@@ -20,6 +23,9 @@ from . import common
 
 GOAL_LINES_PER_S = 150_000           # reader + parsers + samples
 GOAL_PIPELINE_LINES_PER_S = 50_000   # + series state + shipped rules
+# what a user writes for these lines (README, `pattern`): the four values the built-in parser reads
+CUSTOM_PATTERN = (r"iteration\s+(?P<step>\d+)/\s*\d+ \|.*?learning rate: (?P<lr>\S+) \|.*?lm loss: (?P<loss>\S+) \|"
+                  r".*?loss scale: (?P<loss_scale>\S+) \|.*?grad norm: (?P<grad_norm>\S+) \|")
 
 
 def _write_log(path: Path, lines: int) -> None:
@@ -77,6 +83,15 @@ def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
             finally:
                 stream.close()
 
+        custom_samples = [0]
+
+        def custom() -> None:  # the reader with the user's regex instead of the built-in parsers
+            stream = LogStream(str(path), fmt="custom", pattern=CUSTOM_PATTERN)
+            try:
+                custom_samples[0] = len(stream.finish(now=0.0))
+            finally:
+                stream.close()
+
         rules = load_rules([default_rules_dir()])
 
         def full() -> None:
@@ -91,11 +106,13 @@ def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
         t_parsers = common.best_of(parsers, repeat)
         t_parse = common.best_of(parse, repeat)
         t_full = common.best_of(full, max(1, repeat - 1))
+        t_custom = common.best_of(custom, repeat)
     return {
         "date": common.now_iso(), "host": common.host_info(),
         "params": {"lines": lines, "bytes": size, "repeat": repeat},
         "plain_loop_s": t_plain, "tail_s": t_tail, "parsers_s": t_parsers, "parse_s": t_parse, "pipeline_s": t_full, "samples": samples[0],
         "parse_lines_per_s": lines / t_parse, "pipeline_lines_per_s": lines / t_full,
+        "custom_s": t_custom, "custom_samples": custom_samples[0], "custom_lines_per_s": lines / t_custom,
         "parse_mb_per_s": size / t_parse / 1e6,
         "ratios": {"parse_to_plain": t_parse / t_plain, "tail_to_plain": t_tail / t_plain,
                    "goal_lines_per_s": GOAL_LINES_PER_S / (lines / t_parse),
@@ -113,6 +130,8 @@ def report(res: dict[str, Any]) -> str:
         f"  of which tailer + parsers (no samples) {res['parsers_s']:.3f} s, samples and copy filter"
         f" {res['parse_s'] - res['parsers_s']:.3f} s",
         f"  with series state and shipped rules: {res['pipeline_s']:.3f} s ({res['pipeline_lines_per_s']:,.0f} lines/s)",
+        f"  read as format: custom (a user pattern on RE2): {res['custom_s']:.3f} s "
+        f"({res['custom_lines_per_s']:,.0f} lines/s, {res['custom_samples']} samples)",
         f"  reader vs goal >= {GOAL_LINES_PER_S:,} lines/s: ratio goal/measured {r['goal_lines_per_s']:.2f}"
         f" ({'within goal' if r['goal_lines_per_s'] <= 1 else 'BELOW GOAL'})",
         f"  pipeline vs goal >= {GOAL_PIPELINE_LINES_PER_S:,} lines/s: ratio goal/measured "

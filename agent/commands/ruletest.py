@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..config import Config, ConfigError, load_yaml_mapping
+from ..config.regex import UserRegex
 from ..config.ruletest import AlertRuleTest, ExpectedAlert, RuleTest, RuleTestFile
 from ..model import AlertState, Sample, SourcePos, make_labels
 from ..engine.pipeline import Pipeline
@@ -264,7 +264,7 @@ def _listing(items: list[tuple[dict[str, str], dict[str, str] | None]]) -> str:
 
 
 # -- command line --------------------------------------------------------------------------------
-def run_file(path: Path, run_filter: re.Pattern[str] | None = None, out: Any = None) -> int:
+def run_file(path: Path, run_filter: UserRegex | None = None, out: Any = None) -> int:
     """Run one test file and print its report; returns its exit status."""
     out = out or sys.stdout
     print(f"Unit Testing: {path}", file=out)
@@ -290,9 +290,9 @@ def run_file(path: Path, run_filter: re.Pattern[str] | None = None, out: Any = N
 def run(args: argparse.Namespace) -> int:
     """Run every test file; the worst status wins (2 bad file > 1 failed test > 0)."""
     try:
-        run_filter = re.compile(args.run) if getattr(args, "run", None) else None
-    except re.error as exc:
-        print(f"--run: invalid regex: {exc}", file=sys.stderr)
+        run_filter = UserRegex(args.run, "--run") if getattr(args, "run", None) else None
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
         return EXIT_BAD_FILE
     status = EXIT_OK
     for f in args.files:

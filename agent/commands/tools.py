@@ -47,7 +47,7 @@ def add_rules_test_args(p: argparse.ArgumentParser) -> None:
     """The arguments of ``rules test`` (``precision-agent rules test`` and ``python -m
     precision_agent.commands.ruletest test`` are the same command)."""
     p.add_argument("files", nargs="+", help="test files (YAML; see docs/rules-testing.md)")
-    p.add_argument("--run", metavar="REGEX", help="only the tests whose name matches this regex")
+    p.add_argument("--run", metavar="REGEX", help="only the tests whose name matches this regex (RE2 syntax, searched)")
 
 
 def run_command(func, args: argparse.Namespace) -> int:

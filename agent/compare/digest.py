@@ -9,11 +9,11 @@ hosts for the same step. The agent never talks to other hosts: Prometheus is the
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..config.regex import UserRegex
 from ..dumps.types import DumpTensor
 
 CHUNK_BYTES = 8 << 20
@@ -30,7 +30,7 @@ class StepDigest:
 
 
 def tensor_key(t: DumpTensor) -> str:
-    """What a ``digest`` regex is matched against: ``"<op> <io>[<index>]"``."""
+    """What a ``digest`` regex (RE2 syntax, searched: not anchored) is matched against: ``"<op> <io>[<index>]"``."""
     return f"{t.name} {t.io}[{t.index}]"
 
 
@@ -53,7 +53,7 @@ def step_digests(tensors: list[DumpTensor], pattern: str) -> list[StepDigest]:
 
     The name, dtype and shape of every tensor go into the digest too, so two ranks that dumped
     different sets of tensors disagree even when the bytes happen to match."""
-    rx = re.compile(pattern)
+    rx = UserRegex(pattern, "digest")   # RE2: linear in the key, whatever the tensor names
     groups: dict[tuple[int | None, int | None], list[DumpTensor]] = {}
     for t in tensors:
         if rx.search(tensor_key(t)):
@@ -63,7 +63,7 @@ def step_digests(tensors: list[DumpTensor], pattern: str) -> list[StepDigest]:
         h = hashlib.blake2b(digest_size=8)
         from_stats = False
         for t in sorted(ts, key=lambda t: (t.order, t.io, t.index)):
-            h.update(f"{tensor_key(t)}|{t.dtype}|{t.shape}\n".encode())
+            h.update(f"{tensor_key(t)}|{t.dtype}|{t.shape}\n".encode("utf-8", "surrogatepass"))  # names from JSON may hold lone surrogates
             if t.load is not None:
                 _feed_data(h, t)
             else:

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..errors import DEFAULT_LISTEN, DEFAULT_PORT
 from .alertmanager import AlertmanagerConfig
+from .regex import UserRegex
 from .base import (Duration, LabelValue, Size, Strict, all_problems, check_labels,
                    format_validation_error)
 from .yamlfile import load_yaml_mapping
@@ -41,7 +42,7 @@ class Watch(Strict):
     include: list[str] | None = None  # default: log files for a log watch, every file for a dump watch
     exclude: list[str] = Field(default_factory=lambda: ["*.gz", "*.bz2", "*.xz", "*.zst", "*.zip", "*.tmp"])
     format: str = "auto"
-    pattern: str | None = None  # a user-defined format: a regex with named groups (step, loss, ...)
+    pattern: str | None = None  # a user-defined format: a regex (RE2 syntax) with named groups (step, loss, ...)
     labels: dict[str, LabelValue] = Field(default_factory=dict)
     # which run a log file's series belong to (agent/readers/runs.py): each file its own run
     # ("file", the default), one run per folder ("parent_dir"), or only the watch's labels ("label")
@@ -50,7 +51,7 @@ class Watch(Strict):
     compare: CompareSpec | None = None  # dump watches: compare each completed step with another run
     fusion_files: list[Path] = Field(default_factory=list)  # dump watches: more places of the job's fusion_result.json
                                 # and ge_proto_*_Build.txt (its working directory, DUMP_GRAPH_PATH); docs/fusion.md
-    digest: str | None = None   # dump watches: regex over "op io[index]" of tensors that must be equal
+    digest: str | None = None   # dump watches: regex (RE2 syntax) over "op io[index]" of tensors that must be equal
                                 # on every data-parallel rank (e.g. weights); exported as a digest metric
     # inotify misses other NFS/Lustre/FUSE clients' writes: "auto" polls when the path is on such a
     # file system (read from /proc/self/mountinfo), true always polls, false always uses inotify
@@ -89,10 +90,7 @@ class Watch(Strict):
     @classmethod
     def _valid_digest(cls, v: str | None) -> str | None:
         if v is not None:
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"digest is not a valid regex: {exc}") from None
+            UserRegex(v, "digest")  # raises ValueError with the reason
         return v
 
     @field_validator("poll", mode="before")

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..model import SEVERITIES
 from .base import Duration, Strict, check_labels
+from .regex import UserRegex
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TEMPLATE_RE = re.compile(r"\{\{\s*\$([A-Za-z_]+)(?:\.([A-Za-z_][A-Za-z0-9_]*))?\s*\}\}")
@@ -19,16 +20,15 @@ _TEMPLATE_ROOTS = {"labels": True, "params": True, "evidence": True,
 
 
 class Match(Strict):
+    """Label matchers: RE2 regexes (as Prometheus), anchored at both ends; a missing label is \"\"."""
+
     labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("labels")
     @classmethod
     def _regexes(cls, v: dict[str, str]) -> dict[str, str]:
         for key, pattern in v.items():
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"label {key!r}: invalid regex {pattern!r}: {exc}") from exc
+            UserRegex(pattern, f"label {key!r}")   # raises ValueError with the reason
         return v
 
 

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ..config.regex import UserRegex
 from ..model import DUMP_TENSOR, Sample, SourcePos, make_labels
 from .cann import parse_dump_name, read_cann_dump
 from .mindspore import parse_npy_name
@@ -80,14 +81,15 @@ DEFAULT_FUNCTIONS: dict[str, str] = {
 }
 
 
-def _compile(patterns: Iterable[str], what: str) -> tuple[re.Pattern[str], ...]:
-    out = []
-    for p in patterns:
-        try:
-            out.append(re.compile(p))
-        except re.error as exc:
-            raise ValueError(f"{what}: invalid regex {p!r}: {exc}") from None
-    return tuple(out)
+# The defaults above are ours (some need lookaround, which RE2 lacks) and run on ``re``; a list a
+# rule file gives is the user's and runs on RE2, linear in the tensor name whatever it holds.
+_BUILTIN = frozenset((*DEFAULT_EXCLUDE, *DEFAULT_GRADIENT, *DEFAULT_WEIGHT, *DEFAULT_BIAS, *DEFAULT_ACTIVATION,
+                      *DEFAULT_FUNCTIONS.values()))
+
+
+def _compile(patterns: Iterable[str], what: str) -> tuple[re.Pattern[str] | UserRegex, ...]:
+    """Raises ValueError naming ``what`` for a regex RE2 cannot take."""
+    return tuple(re.compile(p) if p in _BUILTIN else UserRegex(p, what) for p in patterns)
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ class Classifier:
         self.functions = {fn: _compile([p], f"functions.{fn}")[0] for fn, p in functions.items()}
 
     def classify(self, subject: str) -> Role:
-        def hit(pats: tuple[re.Pattern[str], ...]) -> bool:
+        def hit(pats: tuple[re.Pattern[str] | UserRegex, ...]) -> bool:
             return any(p.search(subject) for p in pats)
         if hit(self.exclude):
             return Role("other")

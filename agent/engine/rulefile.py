@@ -6,7 +6,7 @@ groups:
     rules:
       - alert: LossScaleAtFloor
         kind: loss_scale            # which detector judges the data
-        match: {labels: {run: "gpt-.*"}}   # optional: anchored regexes on series labels
+        match: {labels: {run: "gpt-.*"}}   # optional: anchored RE2 regexes on series labels
         params: {floor: 1}          # the kind's own parameters, validated by the kind
         for: 0s
         labels: {severity: page}
@@ -33,6 +33,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from ..config import ConfigError, load_yaml_mapping
+from ..config.regex import UserRegex
 from ..config.rules import TEMPLATE_RE, RuleFileModel, RuleSpec
 from ..detectors import KINDS, Detector
 from ..model import Labels, SourcePos
@@ -81,7 +82,7 @@ class Rule:
     file: str
     group: str
     detector: Detector
-    matchers: tuple[tuple[str, re.Pattern[str]], ...]
+    matchers: tuple[tuple[str, UserRegex], ...]
     resolve_after: float
     metrics: frozenset[str] = field(default_factory=frozenset)
     runbook_base: str = ""   # {{ $runbook_base }}: the config's runbook_base_url, or default_runbook_base()
@@ -113,7 +114,7 @@ def build_rule(spec: RuleSpec, file: str, group: str, runbook_base: str = "") ->
     cls = KINDS[spec.kind]
     det = cls(cls.params_model.model_validate(spec.params))
     return Rule(spec, file, group, det,
-                tuple((k, re.compile(v)) for k, v in spec.match.labels.items()),
+                tuple((k, UserRegex(v, f"label {k!r}")) for k, v in spec.match.labels.items()),
                 spec.resolve_after if spec.resolve_after is not None else cls.default_resolve_after,
                 det.wanted_metrics(), runbook_base)
 

@@ -100,6 +100,7 @@ def test_parse_bench_reports_same_run_ratios():
     assert res["plain_loop_s"] > 0 and res["parse_s"] > 0 and res["pipeline_s"] > 0
     assert res["ratios"]["parse_to_plain"] == res["parse_s"] / res["plain_loop_s"]
     assert "lines/s" in parse.report(res)
+    assert res["custom_samples"] == res["samples"] > 0   # the user's pattern reads what the parser reads
 
 
 def test_scan_bench_reports_same_run_ratios():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from precision_agent.commands.ruletest import EXIT_BAD_FILE, EXIT_FAILED, EXIT_OK, main, run_file
+from precision_agent.config.regex import UserRegex
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_TESTS = sorted((REPO / "rules" / "tests").glob("*.yml"))
@@ -59,9 +60,8 @@ def write(tmp: Path, text: str, name: str = "t.yml", rules: str | None = RULES) 
 
 
 def check(path: Path, *filters: str) -> tuple[int, str]:
-    import re
     out = io.StringIO()
-    rc = run_file(path, re.compile(filters[0]) if filters else None, out=out)
+    rc = run_file(path, UserRegex(filters[0], "--run") if filters else None, out=out)
     return rc, out.getvalue()
 
 
@@ -109,6 +109,19 @@ def test_cli_exit_codes_are_the_worst_of_all_files(tmp_path):
     assert main(["test", str(good), str(wrong)]) == EXIT_FAILED
     assert main(["test", str(wrong), str(bad), str(good)]) == EXIT_BAD_FILE
     assert main(["test", "--run", "^nothing$", str(wrong)]) == EXIT_OK  # no test selected
+    assert main(["test", "--run", "(?!x)", str(good)]) == EXIT_BAD_FILE  # RE2 syntax, as promtool's Go regexp
+
+
+def test_rules_check_refuses_a_regex_re2_cannot_take(tmp_path):
+    """A label matcher with a backreference loaded by Python's re before; RE2 (as Prometheus) cannot
+    take it: ``rules check`` names file, rule and field, and fails."""
+    rules = write(tmp_path, RULES.replace("kind: loss_scale", "kind: loss_scale\n        match: {labels: {run: '(a)\\1'}}"),
+                  "bad_rules.yml")
+    r = subprocess.run([sys.executable, "-m", "precision_agent", "rules", "check", str(rules)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f'{rules}: group "g" rule "ScaleFloor" field match.labels' in r.stdout
+    assert "backreferences are not supported" in r.stdout, r.stdout
 
 
 # -- failures are reported as a diff naming the test ------------------------------------------------

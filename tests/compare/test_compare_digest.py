@@ -36,6 +36,20 @@ def test_equal_weights_on_two_ranks_give_one_digest() -> None:
     assert 0 <= d0.value < 2 ** 48 and not d0.from_stats
 
 
+def test_digest_regex_is_linear_on_hostile_tensor_names() -> None:
+    """The digest regex runs on RE2: ``(a+)+b`` over a tensor named with a long run of ``a`` answers
+    at once (hours on a backtracking engine); a regex RE2 cannot take is a ValueError."""
+    w = np.zeros(4, dtype=np.float32)
+    t = [DumpTensor(name="a" * 3000, io="input", index=1, dtype="float32", shape=(4,), order=0, step=1, rank=0,
+                    load=lambda: w),
+         DumpTensor(name="a" * 30 + "b", io="input", index=1, dtype="float32", shape=(4,), order=1, step=1, rank=0,
+                    load=lambda: w)]
+    d, = step_digests(t, r"^(a+)+b ")
+    assert d.tensors == 1
+    with pytest.raises(ValueError, match="digest: invalid regex.*lookahead"):
+        step_digests(t, r"(?=a)")
+
+
 def test_one_flipped_bit_or_a_missing_tensor_changes_the_digest() -> None:
     rng = np.random.default_rng(1)
     w = [rng.standard_normal((8, 4)).astype(np.float32) for _ in range(3)]

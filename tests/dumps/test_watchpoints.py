@@ -348,6 +348,7 @@ def test_patterns_overridable_and_validated(tmp_path):
              stats("Special.keep.0", "output", 0, np.zeros(4)))
     assert [dict(f.labels)["tensor"] for f in fs] == ["Special.keep.0:output:0"]
     for params, word in [("{exclude: ['(']}", "exclude"), ("{}", "abs_mean_lt"),
+                         ("{exclude: ['(?<!leaky)relu'], abs_mean_lt: 1}", "lookahead and lookbehind are not supported"),
                          ("{abs_mean_lt: 1, max_gt: 2}", "max_gt"), ("{abs_mean_lt: -1}", "abs_mean_lt")]:
         (tmp_path / "bad.yml").write_text(textwrap.dedent(f"""
             groups:
@@ -361,6 +362,16 @@ def test_patterns_overridable_and_validated(tmp_path):
         with pytest.raises(ConfigError) as err:
             load_rule_file(tmp_path / "bad.yml")
         assert word in str(err.value)
+
+
+def test_user_patterns_are_linear_on_hostile_tensor_names():
+    """A rule file's classification lists run on RE2: ``(a+)+b`` on a tensor named with a long run
+    of ``a`` answers at once (hours on a backtracking engine); the shipped defaults, which need
+    lookaround, still classify."""
+    c = Classifier(exclude=["(a+)+b"], activation=["(x+x+)+y"])
+    assert c.classify("a" * 5000 + ":output:0").role == "other"
+    assert c.classify("x" * 5000 + "y:output:0").role == "activation"
+    assert Classifier().classify("Functional.leaky_relu.0.forward:output:0").fn == ""
 
 
 # --- real dumps through scan() + tensor_samples() + the shipped rules --------------------------

@@ -52,6 +52,10 @@ def test_good_rule_file(tmp_path):
     (("{{ $params.floor }}", "{{ $secret }}"), 'rule "Floor" field annotations', "unknown template variable"),
     (("{{ $value }}", "{{ .Value | printf }}"), 'rule "Floor" field annotations', "unsupported template"),
     (("alert: Floor", "alert: 'no spaces'"), "field alert", "must match"),
+    (("params:", "match: {labels: {run: '(gpt)-\\1'}}\n        params:"), 'rule "Floor" field match.labels',
+     "backreferences are not supported"),
+    (("params:", "match: {labels: {run: '(?!bert).*'}}\n        params:"), 'rule "Floor" field match.labels',
+     "lookahead and lookbehind are not supported; RE2 syntax, as Prometheus"),
 ])
 def test_bad_rule_files_name_file_rule_field(tmp_path, mutation, where, reason):
     path = write(tmp_path, GOOD.replace(*mutation))
@@ -91,6 +95,18 @@ def test_reload_keeps_last_good_version_and_detector_state(tmp_path):
 def test_label_matchers(tmp_path):
     (rule,) = load_rule_file(write(tmp_path, GOOD.replace("params:", "match: {labels: {run: 'gpt-.*'}}\n        params:")))
     assert rule.matches((("run", "gpt-7"),)) and not rule.matches((("run", "bert"),)) and not rule.matches(())
+    assert not rule.matches((("run", "my-gpt-7"),))   # anchored at both ends, as Prometheus
+
+
+def test_label_matchers_are_linear_on_hostile_label_values(tmp_path):
+    """Issue 23: ``(a+)+b`` against a run named with 34 ``a`` took hours on a backtracking engine
+    (the worker and the GIL held); RE2 answers at once. The test would hang without it."""
+    (rule,) = load_rule_file(write(tmp_path, GOOD.replace("params:", "match: {labels: {run: '(a+)+b'}}\n        params:")))
+    assert not rule.matches((("run", "a" * 34),)) and not rule.matches((("run", "a" * 100_000 + "c"),))
+    assert rule.matches((("run", "a" * 34 + "b"),))
+    assert not rule.matches((("run", "a\udcff" * 10),))   # a file name's undecodable byte: no error
+    (missing,) = load_rule_file(write(tmp_path, GOOD.replace("params:", "match: {labels: {rank: '|0'}}\n        params:")))
+    assert missing.matches(()) and missing.matches((("rank", "0"),)) and not missing.matches((("rank", "1"),))
 
 
 def test_render_formats_values_and_missing():

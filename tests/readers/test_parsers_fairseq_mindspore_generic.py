@@ -332,11 +332,25 @@ def test_regex_parser_reads_named_groups():
     (r"loss=(?P<loss>\S+) (?P<accuracy>\S+)", "unknown named group(s) accuracy"),
     (r"(?P<loss>\d*)", "matches an empty string"),
     ("", "empty"),
+    (r"(?<=loss=)(?P<loss>\S+)", "lookahead and lookbehind are not supported"),   # RE2 syntax, as Prometheus
+    (r"(?P<step>\d+) (?P=step) (?P<loss>\S+)", "backreferences are not supported"),
+    (r"(?P<loss>\S+) (?P<loss>\S+)", "loss used twice"),
 ])
 def test_regex_parser_rejects_bad_patterns(pattern, message):
     with pytest.raises(ValueError, match="custom log format") as err:
         RegexParser(pattern)
     assert message in str(err.value)
+
+
+def test_regex_parser_is_linear_on_the_issue_23_line_and_keeps_lines_and_groups():
+    """``(\\d+\\s?)+$`` on a line of 40 digits backtracked for hours in Python's re (the worker and the
+    GIL held); on RE2 the block is read at once, with the records around it on their lines.
+    Python's ``(?<name>...)`` spelling of a named group works too."""
+    p = RegexParser(r"(?:loss=(?<loss>\S+)|(\d+\s?)+)$")
+    text = "loss=2.5\n" + "1" * 40 + "x\n" + "é ü " * 50 + "\n" + "4" * 40 + "\n" + "[rank3]: loss=nan\n"
+    recs = run(p, text)
+    assert [(r.line, r.rank) for r in recs] == [(1, None), (5, "3")]   # line 4: digits, no value group
+    assert vals(recs[0]) == {LOSS: 2.5} and math.isnan(vals(recs[1])[LOSS])
 
 
 def test_regex_parser_is_not_a_registered_format():
