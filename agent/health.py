@@ -29,7 +29,9 @@ class Health:
         self.gauges: dict[str, float] = {"watched_log_files": 0.0, "watched_dump_files": 0.0,
                                          "rule_files_ok": 0.0, "rule_files_error": 0.0, "rules_loaded": 0.0,
                                          "last_commit_timestamp_seconds": 0.0, "ready": 0.0,
-                                         "config_restart_needed": 0.0}
+                                         "config_restart_needed": 0.0, "log_unread_bytes": 0.0,
+                                         "log_files_behind": 0.0, "log_files_open": 0.0, "max_open_files": 0.0,
+                                         "max_open_files_lowered": 0.0}
         self.start_time = time.time()
         self.last_error: dict[str, str] = {}
         # worker name -> a callable listing its heartbeats (a worker may run on several threads)
