@@ -83,15 +83,16 @@ def _mount_small_state(state: Path, kib: int) -> str:
 def _fill(state: Path) -> int:
     """Fill the state file system to the last byte; the bytes written."""
     n = 0
-    with open(state / "filler", "wb") as f:
+    fd = os.open(state / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
         block = b"\0" * (64 << 10)
         while len(block) >= 512:
             try:
-                f.write(block)
-                f.flush()
-                n += len(block)
+                n += os.write(fd, block)
             except OSError:
                 block = block[: len(block) // 2]
+    finally:
+        os.close(fd)
     return n
 
 
@@ -156,7 +157,11 @@ def run(minutes: float = 10.0, files: int = 10_000, long_line_mb: int = 200, jun
     agent = common.AgentProcess(ready_timeout=120.0, stop_timeout=30.0)
     root = agent.root
     t_setup = time.monotonic()
-    logs, dumps = _make_tree(root, files, junk)
+    try:
+        logs, dumps = _make_tree(root, files, junk)
+    except BaseException:
+        agent._tmp.cleanup()
+        raise
     agent.watch_dir = logs
     (root / "config.yml").write_text(json.dumps({"limits": cfg_limits}))
     agent.extra_args = ["--watch", f"dump:{dumps}", "--config", str(root / "config.yml")]

@@ -109,7 +109,7 @@ class LogTailer:
         self._missing_reported = False
         self._last_error: str | None = None
         self._check = check_open
-        self._skip: tuple[tuple[int, int], int, int] | None = None  # (gen, line start, read to) of a cut line
+        self._skip: tuple[tuple[int, int], int, int, bool] | None = None  # a partial line at close()
         self.consumed_bytes = 0  # bytes read so far, as lines or as the cut part of a line: progress
         try:
             self._start()
@@ -178,10 +178,10 @@ class LogTailer:
         return self._fd is not None
 
     def close(self) -> None:
-        """Release the fd; a later read() reopens from the current position (in an over-long
-        line, resuming its skip: see _resume_skip)."""
+        """Release the fd; a later read() reopens from the current position (see _resume_skip)."""
         self._pending = self.position
-        self._skip = (self._gen, self._offset, self._read_pos) if self._discarding and self._gen else None
+        self._skip = (self._gen, self._offset, self._read_pos, self._discarding) \
+            if self._gen is not None and self._read_pos > self._offset else None
         if self._fd is not None:
             os.close(self._fd)
         self._fd, self._gen = None, None
@@ -302,14 +302,14 @@ class LogTailer:
         return True
 
     def _resume_skip(self, size: int) -> None:
-        """Back on a generation closed in an over-long line: take its head again (max_line_bytes
-        at most) and go on discarding where the skip stopped, so the line is read once."""
+        """Back on a generation closed inside a line: take its head again (max_line_bytes at most,
+        outside the budget) and go on where the reading stopped, so a line longer than a budget
+        (or over-long, and skipped) still gets past, and is read once, when closed every turn."""
         skip, self._skip = self._skip, None
-        if skip is None or skip[0] != self._gen or skip[1] != self._offset or size < skip[2]:
+        if skip is None or skip[0] != self._gen or skip[1] != self._offset or size < skip[2] or self._fd is None:
             return
-        assert self._fd is not None
-        self._buf += os.pread(self._fd, self._max, self._offset)
-        self._read_pos, self._discarding = skip[2], True
+        self._buf += os.pread(self._fd, min(self._max, skip[2] - skip[1]), self._offset)
+        self._read_pos, self._discarding = skip[2], skip[3]
 
     def _scan_complete_lines(self, fd: int, size: int) -> tuple[int, int]:
         """(offset after the last newline, newline count) so numbering stays true."""

@@ -110,7 +110,7 @@ def test_the_first_pass_over_many_files_keeps_max_open_files(tmp_path: Path) -> 
     logs = tmp_path / "logs"
     logs.mkdir()
     limit = 64
-    expected = make_logs(logs, 2000, 20)
+    expected = make_logs(logs, 2000, 10)
     cfg = config(tmp_path, resync_interval="1h", limits={"max_open_files": limit})
     agent = AgentProcess(logs, tmp_path / "state", "--config", str(cfg))
     agent.start()

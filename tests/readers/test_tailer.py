@@ -318,6 +318,19 @@ def test_closing_inside_a_huge_line_resumes_the_skip_instead_of_rereading(log: P
     t.close()
 
 
+def test_a_line_longer_than_the_budget_gets_past_when_closed_every_turn(log: Path) -> None:
+    append(log, b"a" * 10_000 + b"\nnext\n")  # below max_line_bytes, but 40 turns of 256 bytes
+    t = LogTailer(str(log), chunk_bytes=256)
+    got: list[TextBlock] = []
+    for _ in range(100):
+        got += t.read(256)
+        t.close()
+        if t.unread_bytes() == 0 and t.position and t.position.offset == log.stat().st_size:
+            break
+    assert lines(got) == [(1, "a" * 10_000), (2, "next")]
+    assert t.consumed_bytes == log.stat().st_size
+
+
 def test_overlong_unterminated_line_flushes_truncated(log: Path) -> None:
     append(log, b"ok\n" + b"q" * 100)
     t = LogTailer(str(log), max_line_bytes=10, chunk_bytes=8)
