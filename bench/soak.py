@@ -135,7 +135,7 @@ def _firing_runs(agent: common.AgentProcess) -> set[str]:
     if status != 200:
         return set()
     return {a["labels"].get("run", "") for a in json.loads(body)["data"]["alerts"]
-            if a["labels"].get("alertname") == ALERT and a.get("state") == "firing"}
+            if a.get("alertname") == ALERT and a.get("state") == "firing"}
 
 
 def _metric(text: str, name: str) -> float:

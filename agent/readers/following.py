@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import OrderedDict
 from typing import Callable, Iterable
 
@@ -21,6 +22,10 @@ from .runs import run_labels
 from .tailer import TailEvent, TailPosition
 
 log = logging.getLogger("precision_agent")
+
+# One read() reads for at most this long, then hands back to the worker (rules tick, state commit,
+# fresh file events first): a catch-up over 10,000 files or a 200 MB line goes on in the next one.
+PASS_SECONDS = 0.5
 
 
 class Follower:
@@ -46,6 +51,8 @@ class Follower:
         # descriptors held at most (the daemon may lower it to fit RLIMIT_NOFILE: daemon/fdlimit.py)
         self.max_open_files = config.limits.max_open_files
         self.unread: dict[str, int] = {}  # path -> bytes written but not read yet (the backlog)
+        self.backlog: dict[str, None] = {}  # paths to read at the next read(), after the fresh ones
+        self._turns: list[str] = []  # this read()'s paths; a file with more to read goes again at the end
 
     def resync(self, touch_dump: Callable[[str], None]) -> list[str]:
         """Paths that may have changed, derived from the file system itself: new files, and
@@ -84,11 +91,19 @@ class Follower:
         return changed
 
     def read(self, paths: Iterable[str]) -> set[str]:
-        """Read each path's new lines (within the per-pass budget); the paths whose position moved."""
-        paths = dict.fromkeys(paths)
+        """Read each path's new lines (within the per-pass budget), then the backlog of earlier
+        passes; a file with more to read gets another turn after the others, until PASS_SECONDS
+        are spent (what is left becomes the backlog). The paths whose position moved."""
+        paths = dict.fromkeys([*paths, *self.backlog])
+        self.backlog = {}
+        self._turns = order = list(paths)
+        deadline = time.monotonic() + PASS_SECONDS
         touched: set[str] = set()
-        for path in paths:
+        for n, path in enumerate(order):  # (order grows while it is read: see _schedule)
             if self.stopping():
+                break
+            if n and time.monotonic() > deadline:
+                self.backlog = dict.fromkeys(order[n:])
                 break
             self.beat.beat()  # a long catch-up pass is progress, not a hang
             if path not in self.streams and (w := watch_for(self.config.watches, path)) is not None \
@@ -132,15 +147,15 @@ class Follower:
         return touched
 
     def _schedule(self, path: str, consumed: int) -> None:
-        """Come back to a file that has more to read, after the others had a turn: whether the pass
+        """Come back to a file that has more to read, after the others had a turn: whether the turn
         spent its budget or went into the cut part of an over-long line (no line came out, yet the
-        bytes are behind us), a file with unread bytes stays queued until it has caught up. No
+        bytes are behind us), a file with unread bytes stays scheduled until it has caught up. No
         progress at all (an error) waits for the next event or resync instead of spinning."""
         stream = self.streams[path]
         unread = stream.tailer.unread_bytes()
         self.unread[path] = unread
         if consumed >= self.config.limits.read_budget_bytes or (consumed > 0 and unread > 0):
-            self.requeue(path)
+            self._turns.append(path)
 
     def _publish_backlog(self) -> None:
         self.health.set("log_unread_bytes", sum(self.unread.values()))
