@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Callable, Iterable
 
 from ..config import Config
@@ -52,7 +52,7 @@ class Follower:
         self.max_open_files = config.limits.max_open_files
         self.unread: dict[str, int] = {}  # path -> bytes written but not read yet (the backlog)
         self.backlog: dict[str, None] = {}  # paths to read at the next read(), after the fresh ones
-        self._turns: list[str] = []  # this read()'s paths; a file with more to read goes again at the end
+        self._again: deque[str] = deque()  # files with more to read, for another turn in this read()
 
     def resync(self, touch_dump: Callable[[str], None]) -> list[str]:
         """Paths that may have changed, derived from the file system itself: new files, and
@@ -91,20 +91,26 @@ class Follower:
         return changed
 
     def read(self, paths: Iterable[str]) -> set[str]:
-        """Read each path's new lines (within the per-pass budget), then the backlog of earlier
-        passes; a file with more to read gets another turn after the others, until PASS_SECONDS
-        are spent (what is left becomes the backlog). The paths whose position moved."""
+        """Read each path's new lines (a budget per turn), then the backlog of earlier passes, until
+        PASS_SECONDS are spent (what is left becomes the backlog). A file with more to read gets
+        every other turn until it has caught up (one file behind by 200 MB is read at once, not
+        after each of 10,000 others had theirs; two such files share). Returns the paths whose
+        position moved."""
         paths = dict.fromkeys([*paths, *self.backlog])
+        order, again = deque(paths), self._again
+        again.clear()
         self.backlog = {}
-        self._turns = order = list(paths)
         deadline = time.monotonic() + PASS_SECONDS
         touched: set[str] = set()
-        for n, path in enumerate(order):  # (order grows while it is read: see _schedule)
+        turn = 0
+        while order or again:
             if self.stopping():
                 break
-            if n and time.monotonic() > deadline:
-                self.backlog = dict.fromkeys(order[n:])
+            if turn and time.monotonic() > deadline:
+                self.backlog = dict.fromkeys([*again, *order])  # behind files first next time
                 break
+            turn += 1
+            path = again.popleft() if again and (turn % 2 or not order) else order.popleft()
             self.beat.beat()  # a long catch-up pass is progress, not a hang
             if path not in self.streams and (w := watch_for(self.config.watches, path)) is not None \
                     and w.kind == "dump":
@@ -155,7 +161,7 @@ class Follower:
         unread = stream.tailer.unread_bytes()
         self.unread[path] = unread
         if consumed >= self.config.limits.read_budget_bytes or (consumed > 0 and unread > 0):
-            self._turns.append(path)
+            self._again.append(path)
 
     def _publish_backlog(self) -> None:
         self.health.set("log_unread_bytes", sum(self.unread.values()))
