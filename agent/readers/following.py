@@ -153,10 +153,10 @@ class Follower:
         return touched
 
     def _schedule(self, path: str, consumed: int) -> None:
-        """Come back to a file that has more to read, after the others had a turn: whether the turn
-        spent its budget or went into the cut part of an over-long line (no line came out, yet the
-        bytes are behind us), a file with unread bytes stays scheduled until it has caught up. No
-        progress at all (an error) waits for the next event or resync instead of spinning."""
+        """Give a file that has more to read another turn (see read): whether the turn spent its
+        budget or went into the cut part of an over-long line (no line came out, yet the bytes are
+        behind us), a file with unread bytes stays scheduled until it has caught up. No progress
+        at all (an error) waits for the next event or resync instead of spinning."""
         stream = self.streams[path]
         unread = stream.tailer.unread_bytes()
         self.unread[path] = unread
