@@ -88,7 +88,7 @@ class Agent:
                               h.max_header_bytes)
         self.http = HttpExporter(host, port, self.registry, lambda: alerts_json(self.pipeline),
                                  lambda: status_json(self.health, self.pipeline, self.streams, config.watches,
-                                                     self.watcher.modes),
+                                                     self.watcher.modes, self.worker.follower.unread),
                                  self.is_ready,
                                  {"/api/v1/compare": self.dump_book.results}, limits, web)
         self.registry.register(HttpCollector(self.http))

@@ -5,6 +5,7 @@ real daemon as a subprocess, files written by other processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -77,6 +78,8 @@ def test_a_nan_after_an_overlong_line_is_paged_without_waiting_for_a_resync(tmp_
         assert agent.metric("precision_agent_resyncs_total") == 1  # only the one at start
         wait_for(lambda: agent.metric("precision_agent_log_unread_bytes") == 0, 10, what="no backlog")
         assert agent.metric("precision_agent_log_files_behind") == 0
+        (status,) = [f for f in json.loads(agent.get("/api/v1/status"))["data"]["files"] if f["path"] == str(log)]
+        assert status["unread_bytes"] == 0 and status["lines"] == 12
         # the line was skipped, not held: memory grew by far less than the line
         assert (peak - base) * 1024 < min(LONG_LINE_BYTES // 2, 48 << 20), (base, peak)
     finally:
