@@ -3,7 +3,8 @@
 The real agent (shipped rules, default limits unless given) follows a log tree and a dump tree on
 a private tmp dir, with its state directory on a small tmpfs that is then filled up:
 
-* ``files`` idle log files (plain text, no records) it must follow within ``max_open_files``;
+* ``files`` idle log files (plain text, no records) it must follow within ``max_open_files``
+  (``limits.max_files`` is raised to hold them all);
 * one over-long line (``long_line_mb``, no newline until its end) written into the live log
   ``train.log``, followed by a NaN record (its latency is measured like the others);
 * ``junk`` tiny unreadable "tensor" files in the dump watch (``step<k>/junk<i>.npy``);
@@ -153,7 +154,11 @@ def _error_repeats(log_text: str) -> Counter[str]:
 def run(minutes: float = 10.0, files: int = 10_000, long_line_mb: int = 200, junk: int = 50_000,
         nan_every: float = 10.0, state_kb: int = 4096, max_open_files: int | None = None,
         quick: bool = False) -> dict[str, Any]:
-    cfg_limits = {"max_open_files": max_open_files} if max_open_files else {}
+    # followed files: the idle ones, train.log and one per NaN (the default limits.max_files is
+    # 10,000: past it a new run's log is refused with a `watch` error and its NaN never paged)
+    cfg_limits: dict[str, int] = {"max_files": files + 100 + int(minutes * 60 / nan_every)}
+    if max_open_files:
+        cfg_limits["max_open_files"] = max_open_files
     agent = common.AgentProcess(ready_timeout=120.0, stop_timeout=30.0)
     root = agent.root
     t_setup = time.monotonic()
