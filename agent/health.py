@@ -32,7 +32,9 @@ class Health:
                                          "rule_files_ok": 0.0, "rule_files_error": 0.0, "rules_loaded": 0.0,
                                          "last_commit_timestamp_seconds": 0.0, "ready": 0.0,
                                          "config_restart_needed": 0.0, "state_unsaved": 0.0,
-                                         "log_files_unrecognized": 0.0}
+                                         "log_files_unrecognized": 0.0, "log_unread_bytes": 0.0,
+                                         "log_files_behind": 0.0, "log_files_open": 0.0, "max_open_files": 0.0,
+                                         "max_open_files_lowered": 0.0}
         # counters with one label: (name, label value) -> count (e.g. state save failures by cause)
         self.labelled: dict[tuple[str, str], float] = {}
         self.start_time = time.time()

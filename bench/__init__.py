@@ -4,3 +4,4 @@
 """
 
 BENCHES = ("latency", "idle", "parse", "scan", "compare", "fuzz", "fleet")
+EXTRA = ("soak",)  # run only when named (``--only soak``): ten minutes of everything hostile at once

@@ -14,14 +14,15 @@ import time
 import traceback
 from pathlib import Path
 
-from . import BENCHES, common
+from . import BENCHES, EXTRA, common
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description="Benchmarks of the real precision-agent.")
     p.add_argument("--quick", action="store_true", help="small N and short windows (seconds, not minutes)")
-    p.add_argument("--only", action="append", choices=BENCHES, metavar="NAME",
-                   help=f"run only this bench (repeatable): {', '.join(BENCHES)}")
+    p.add_argument("--only", action="append", choices=BENCHES + EXTRA, metavar="NAME",
+                   help=f"run only this bench (repeatable): {', '.join(BENCHES + EXTRA)} "
+                        f"({', '.join(EXTRA)}: only when named)")
     p.add_argument("--results-dir", type=Path, default=None,
                    help=f"where to write <name>.json (default {common.RESULTS_DIR})")
     args = p.parse_args(argv)

@@ -20,10 +20,11 @@ def alerts_json(pipeline: Pipeline) -> dict[str, Any]:
 
 
 def status_json(health: Health, pipeline: Pipeline, streams: Mapping[str, LogStream], watches: Iterable[Watch],
-                modes: Mapping[str, str], blind: Mapping[str, str] | None = None) -> dict[str, Any]:
+                modes: Mapping[str, str], blind: Mapping[str, str] | None = None,
+                unread: Mapping[str, int] | None = None) -> dict[str, Any]:
     """Watches (with their watch mode), followed files (with ``unrecognized``: null, or why the
-    agent reads no record from the file, agent/readers/yields.py), series, rules and their errors,
-    counters, kernels in use."""
+    agent reads no record from the file, agent/readers/yields.py; and their unread bytes, from
+    ``unread``), series, rules and their errors, counters, kernels in use."""
     counters, errors, gauges = health.snapshot()
     with pipeline.lock:
         series = [{"labels": dict(s.labels), **s.to_dict(), "loss_scaling": s.loss_scaling}
@@ -34,6 +35,8 @@ def status_json(health: Health, pipeline: Pipeline, streams: Mapping[str, LogStr
     blind = blind or {}
     files = [{"path": p, "format": s.format, "lines": s.stats.lines, "records": s.stats.records,
               "unrecognized": blind.get(p)} for p, s in list(streams.items())]
+    for f in files:  # written and not read yet: a file that stays behind is stalled
+        f["unread_bytes"] = (unread or {}).get(f["path"], 0)
     watches = [{"path": str(w.path), "kind": w.kind, "labels": w.labels,
                 "mode": modes.get(str(w.path), "pending")} for w in watches]
     return {"version": __version__, "ready": bool(gauges["ready"]), "kernels": kernels.active(),

@@ -40,6 +40,19 @@ def label_values(labels: Labels, keys: list[str]) -> list[str]:
     return [d.get(k, "") for k in keys]
 
 
+# catching up on followed logs, and the descriptors it holds (readers/following.py, daemon/fdlimit.py)
+BACKLOG_GAUGES = (
+    ("log_unread_bytes", "Bytes written to followed log files and not read yet (0 once caught up; "
+     "a value that stays high means a file is stalled)."),
+    ("log_files_behind", "Followed log files with unread bytes."),
+    ("log_files_open", "Descriptors held on followed log files (at most max_open_files)."),
+    ("max_open_files", "Descriptors the agent may hold on log files: limits.max_open_files, lowered "
+     "at start when RLIMIT_NOFILE cannot hold it with the agent's other descriptors."),
+    ("max_open_files_lowered", "1 when max_open_files was lowered below limits.max_open_files to fit "
+     "RLIMIT_NOFILE (raise LimitNOFILE= / ulimit -n)."),
+)
+
+
 class AgentCollector(Collector):
     def __init__(self, health: Health, pipeline: Pipeline) -> None:
         self.health = health
@@ -79,6 +92,10 @@ class AgentCollector(Collector):
         g.add_metric(["log"], gauges["watched_log_files"])
         g.add_metric(["dump"], gauges["watched_dump_files"])
         yield g
+        for name, help_ in BACKLOG_GAUGES:
+            g = GaugeMetricFamily(P + name, help_)
+            g.add_metric([], gauges[name])
+            yield g
         g = GaugeMetricFamily(P + "rule_files", "Rule files by load state.", labels=["state"])
         g.add_metric(["ok"], gauges["rule_files_ok"])
         g.add_metric(["error"], gauges["rule_files_error"])

@@ -45,6 +45,7 @@ from ..store.book import MemoryBook
 from ..store.saving import SaveTracker
 from ..store.state import StateStore
 from .dumpflow import DumpFlow
+from .fdlimit import plan_descriptors
 from .priority import lower_priority
 from .reload import Reloader
 from .systemd import sd_notify, watchdog_interval
@@ -84,11 +85,13 @@ class Agent:
         host, port = split_listen(config.listen)
         web = load_web_config(config.web_config_file) if config.web_config_file is not None else None
         h = config.http
-        limits = ServerLimits(h.max_connections, h.workers, h.header_timeout, h.idle_timeout, h.write_timeout,
+        self.fds = plan_descriptors(config)  # fit RLIMIT_NOFILE now, not with EMFILE storms later
+        limits = ServerLimits(self.fds.max_connections, h.workers, h.header_timeout, h.idle_timeout, h.write_timeout,
                               h.max_header_bytes)
         self.http = HttpExporter(host, port, self.registry, lambda: alerts_json(self.pipeline),
                                  lambda: status_json(self.health, self.pipeline, self.streams, config.watches,
-                                                     self.watcher.modes, self.worker.follower.yields.verdicts()),
+                                                     self.watcher.modes, self.worker.follower.yields.verdicts(),
+                                                     self.worker.follower.unread),
                                  self.is_ready,
                                  {"/api/v1/compare": self.dump_book.results}, limits, web)
         self.registry.register(HttpCollector(self.http))
@@ -102,6 +105,9 @@ class Agent:
         self.worker = Worker(config, self.health, self.queue, self.stop_event, self.pipeline, self.store,
                              self.dumpflow, self.reloader, self.confine, self.watcher, self.alertmanager,
                              on_transition, self.saves)
+        self.worker.follower.max_open_files = self.fds.max_open_files
+        self.health.set("max_open_files", self.fds.max_open_files)
+        self.health.set("max_open_files_lowered", float(self.fds.lowered))
         self.health.add_worker("worker", lambda: [self.worker.beat])
         self.health.add_worker("dump-scan", self.dumps.heartbeats)
 

@@ -64,7 +64,9 @@ class Worker:
         self.health.set("ready", 1)
         sd_notify(f"READY=1\nSTATUS=watching {len(self.config.watches)} path(s)")
         while not self.stop.is_set():
-            batch = self.queue.get(self.config.evaluation_interval, self.config.debounce)
+            # files still behind (readers/following.py): take what arrived meanwhile, do not wait
+            wait = 0.0 if self.follower.backlog else self.config.evaluation_interval
+            batch = self.queue.get(wait, self.config.debounce)
             self.beat.beat()
             try:
                 if batch.reload_rules:

@@ -76,6 +76,12 @@ class FileCursor:
             os.close(self._fd)
         self._fd, self._gen = None, None
 
+    @property
+    def consumed_bytes(self) -> int:
+        """Bytes of this generation looked at so far: the follower's measure of progress in a turn
+        (the text tailer's counter of the same name)."""
+        return max(self.offset, self.seen)
+
     def unread_bytes(self) -> int:
         if self._fd is None:
             return 0

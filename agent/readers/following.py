@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Callable, Iterable
 
 from ..config import Config
@@ -26,6 +26,10 @@ from .tailer import TailEvent, TailPosition
 from .yields import YieldWatch
 
 log = logging.getLogger("precision_agent")
+
+# One read() reads for at most this long, then hands back to the worker (rules tick, state commit,
+# fresh file events first): a catch-up over 10,000 files or a 200 MB line goes on in the next one.
+PASS_SECONDS = 0.5
 
 
 class Follower:
@@ -51,6 +55,11 @@ class Follower:
         lim = config.limits  # files that grow but yield no record: the agent says it is blind
         self.yields = YieldWatch(lim.unrecognized_lines, lim.unrecognized_after, lim.unrecognized_min_lines)
         self._map_errors: set[str] = set()  # $PRECISION_AGENT_METRIC_MAP errors already reported
+        # descriptors held at most (the daemon may lower it to fit RLIMIT_NOFILE: daemon/fdlimit.py)
+        self.max_open_files = config.limits.max_open_files
+        self.unread: dict[str, int] = {}  # path -> bytes written but not read yet (the backlog)
+        self.backlog: dict[str, None] = {}  # paths to read at the next read(), after the fresh ones
+        self._again: deque[str] = deque()  # files with more to read, for another turn in this read()
 
     def resync(self, touch_dump: Callable[[str], None]) -> list[str]:
         """Paths that may have changed, derived from the file system itself: new files, and
@@ -79,17 +88,36 @@ class Follower:
                 continue
             pos = stream.position if stream is not None else None
             if pos is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino) and st.st_size == pos.offset:
+                self.unread.pop(path, None)
                 continue  # unchanged since we read it: no need to open it again
+            if stream is None or not stream.tailer.is_open:  # (an open one is measured as it is read)
+                same = pos is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino)
+                self.unread[path] = max(st.st_size - (pos.offset if same else 0), 0)
             changed.append(path)
+        self._publish_backlog()
         return changed
 
     def read(self, paths: Iterable[str]) -> set[str]:
-        """Read each path's new lines (within the per-pass budget); the paths whose position moved."""
-        paths = dict.fromkeys(paths)
+        """Read each path's new lines (a budget per turn), then the backlog of earlier passes, until
+        PASS_SECONDS are spent (what is left becomes the backlog). A file with more to read gets
+        every other turn until it has caught up (one file behind by 200 MB is read at once, not
+        after each of 10,000 others had theirs; two such files share). Returns the paths whose
+        position moved."""
+        paths = dict.fromkeys([*paths, *self.backlog])
+        order, again = deque(paths), self._again
+        again.clear()
+        self.backlog = {}
+        deadline = time.monotonic() + PASS_SECONDS
         touched: set[str] = set()
-        for path in paths:
+        turn = 0
+        while order or again:
             if self.stopping():
                 break
+            if turn and time.monotonic() > deadline:
+                self.backlog = dict.fromkeys([*again, *order])  # behind files first next time
+                break
+            turn += 1
+            path = again.popleft() if again and (turn % 2 or not order) else order.popleft()
             self.beat.beat()  # a long catch-up pass is progress, not a hang
             if path not in self.streams and (w := watch_for(self.config.watches, path)) is not None \
                     and w.kind == "dump":
@@ -100,6 +128,7 @@ class Follower:
                 continue
             before = stream.stats.lines, stream.stats.bytes, stream.stats.records, stream.stats.truncated_lines, \
                 stream.stats.skipped
+            consumed = stream.tailer.consumed_bytes
             samples = stream.poll(self.config.limits.read_budget_bytes)
             for event, message in stream.tailer.drain_events():
                 self._tail_event(path, event, message)
@@ -119,8 +148,7 @@ class Follower:
                 self.health.inc("metric_records_skipped", st.skipped - before[4])
             if stream.position is not None and stream.position != self.offsets.get(path):
                 touched.add(path)
-                if st.bytes - before[1] >= self.config.limits.read_budget_bytes:
-                    self.requeue(path)  # more to read: come back after the others had a turn
+            self._schedule(path, stream.tailer.consumed_bytes - consumed)
             if path in self._gone and not os.path.lexists(path):
                 if stream.tailer.unread_bytes() == 0:
                     self._drop(path)
@@ -130,10 +158,27 @@ class Follower:
                     self.requeue(path)
             else:
                 self._gone.discard(path)  # it came back (a new file under the same name)
-        self._limit_open_files(paths)
+            self._limit_open_files(path)
         self.health.set("watched_log_files", len(self.streams))
         self.health.set("log_files_unrecognized", self.yields.blind)
+        self._publish_backlog()
         return touched
+
+    def _schedule(self, path: str, consumed: int) -> None:
+        """Give a file that has more to read another turn (see read): whether the turn spent its
+        budget or went into the cut part of an over-long line (no line came out, yet the bytes are
+        behind us), a file with unread bytes stays scheduled until it has caught up. No progress
+        at all (an error) waits for the next event or resync instead of spinning."""
+        stream = self.streams[path]
+        unread = stream.tailer.unread_bytes()
+        self.unread[path] = unread
+        if consumed >= self.config.limits.read_budget_bytes or (consumed > 0 and unread > 0):
+            self._again.append(path)
+
+    def _publish_backlog(self) -> None:
+        self.health.set("log_unread_bytes", sum(self.unread.values()))
+        self.health.set("log_files_behind", sum(1 for n in self.unread.values() if n > 0))
+        self.health.set("log_files_open", len(self._open_lru))
 
     def positions(self, paths: Iterable[str]) -> dict[str, TailPosition]:
         """The current positions of ``paths`` (for the next commit)."""
@@ -164,20 +209,22 @@ class Follower:
         stream = self.streams.pop(path)
         stream.close()
         self._open_lru.pop(path, None)
+        self.unread.pop(path, None)
         self.offsets.pop(path, None)
         self.forget.add(path)
 
-    def _limit_open_files(self, just_read: dict[str, None]) -> None:
-        """Close the descriptors of the least recently read files beyond limits.max_open_files;
-        a closed tailer keeps its position and reopens (checking the inode) on its next read."""
+    def _limit_open_files(self, just_read: str) -> None:
+        """After each file read (not after a pass: a first pass over 10,000 files must not hold
+        10,000 descriptors), close the least recently read ones beyond max_open_files, so the
+        hottest files stay open; a closed tailer keeps its position and reopens (checking the
+        inode) on its next read."""
         lru = self._open_lru
-        for path in just_read:
-            stream = self.streams.get(path)
-            lru.pop(path, None)
-            if stream is not None and stream.tailer.is_open and path not in self._gone:
-                # (a deleted file keeps its descriptor: closing it would lose what is left)
-                lru[path] = None  # most recently read last
-        while len(lru) > self.config.limits.max_open_files:
+        stream = self.streams.get(just_read)
+        lru.pop(just_read, None)
+        if stream is not None and stream.tailer.is_open and just_read not in self._gone:
+            # (a deleted file keeps its descriptor: closing it would lose what is left)
+            lru[just_read] = None  # most recently read last
+        while len(lru) > self.max_open_files:
             path, _ = lru.popitem(last=False)
             if path in self.streams:
                 self.streams[path].tailer.close()

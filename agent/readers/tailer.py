@@ -1,22 +1,21 @@
 """Follow a growing training log file without losing or double-reading a line.
 
-Training jobs write logs for days; the agent may restart, logrotate may rename or
-copytruncate the file, and tqdm may write megabyte-long ``\\r``-separated "lines".
-The tailer therefore:
+Training jobs write logs for days; the agent may restart, logrotate may rename or copytruncate the
+file, and tqdm may write megabyte-long ``\\r``-separated "lines". The tailer therefore:
 
-* follows a file *generation* by ``(st_dev, st_ino)``, not by name, keeping the fd
-  open so a renamed-away generation can be drained to its end before switching;
-* hands out complete ``\\n``-terminated lines only and keeps the partial tail
-  unconsumed, so the persisted :class:`TailPosition` always sits on a line start and
-  a restart from it yields exactly-once delivery;
-* bounds memory for over-long lines by keeping only their first ``max_line_bytes``
-  (the rest is re-read and discarded, never stored);
+* follows a file *generation* by ``(st_dev, st_ino)``, not by name, keeping the fd open so a
+  renamed-away generation can be drained to its end before switching;
+* hands out complete ``\\n``-terminated lines only and keeps the partial tail unconsumed, so the
+  persisted :class:`TailPosition` always sits on a line start and a restart from it yields
+  exactly-once delivery;
+* bounds memory for over-long lines by keeping only their first ``max_line_bytes`` (the rest is
+  read once and discarded, never stored, even across a closed and reopened descriptor);
 * never raises out of :meth:`LogTailer.read`: I/O problems become events.
 
-Known limits (inherent to polling by size): a copytruncate after which the writer
-refills the file past our read position before the next ``read()`` is not detected,
-lines still unread when a file is truncated are gone, and a saved position whose
-inode was freed and reused by a new file of at least that size is taken at its word.
+Known limits (inherent to polling by size): a copytruncate after which the writer refills the file
+past our read position before the next ``read()`` is not detected, lines still unread when a file
+is truncated are gone, and a saved position whose inode was freed and reused by a new file of at
+least that size is taken at its word.
 """
 
 from __future__ import annotations
@@ -66,11 +65,9 @@ class TailEvent(enum.Enum):
 
 
 def _decode(raw: bytes) -> str:
-    """Normalise ``\\n``-joined raw lines: drop NULs, strip one CR before each LF.
-
-    Decoding the joined block is equivalent to decoding line by line because the
-    UTF-8 decoder never folds an ASCII ``\\n`` into a replacement sequence.
-    """
+    """Normalise ``\\n``-joined raw lines: drop NULs, strip one CR before each LF. Decoding the
+    joined block is equivalent to decoding line by line because the UTF-8 decoder never folds an
+    ASCII ``\\n`` into a replacement sequence."""
     raw = raw.replace(b"\0", b"")
     if b"\r" in raw:  # a one-byte search is a fast memchr; the two-byte replace is not
         raw = raw.replace(b"\r\n", b"\n")
@@ -81,7 +78,8 @@ class LogTailer:
     """Incrementally read complete lines of ``path``; see the module docstring."""
 
     __slots__ = ("path", "_max", "_chunk", "_pending", "_start_at_end", "_fd", "_gen", "_offset", "_line",
-                 "_read_pos", "_buf", "_discarding", "_events", "_missing_reported", "_last_error", "_check")
+                 "_read_pos", "_buf", "_discarding", "_events", "_missing_reported", "_last_error", "_check",
+                 "_skip", "consumed_bytes")
 
     def __init__(
         self,
@@ -98,14 +96,12 @@ class LogTailer:
         if max_line_bytes < 1 or chunk_bytes < 1:
             raise ValueError("max_line_bytes and chunk_bytes must be positive")
         self.path = os.fspath(path)
-        self._max = max_line_bytes
-        self._chunk = chunk_bytes
+        self._max, self._chunk = max_line_bytes, chunk_bytes
         self._pending = position  # where to start once the file can be opened
         self._start_at_end = start_at_end
         self._fd: int | None = None
-        self._gen: tuple[int, int] | None = None
-        self._offset = 0  # start of the pending (incomplete) line
-        self._line = 0
+        self._gen: tuple[int, int] | None = None  # (dev, ino) of the open generation
+        self._offset, self._line = 0, 0  # start of the pending (incomplete) line, lines before it
         self._read_pos = 0  # file offset up to which bytes have been read
         self._buf = bytearray()  # head of the pending line, at most max_line_bytes
         self._discarding = False  # pending line exceeded max_line_bytes
@@ -113,6 +109,8 @@ class LogTailer:
         self._missing_reported = False
         self._last_error: str | None = None
         self._check = check_open
+        self._skip: tuple[tuple[int, int], int, int, bool] | None = None  # a partial line at close()
+        self.consumed_bytes = 0  # bytes read so far, as lines or as the cut part of a line: progress
         try:
             self._start()
         except OSError as exc:
@@ -132,11 +130,9 @@ class LogTailer:
         return len(self._buf)
 
     def read(self, budget_bytes: int = 8 << 20) -> list[TextBlock]:
-        """Return new complete lines, reading at most about ``budget_bytes``.
-
-        An empty list means nothing new could be delivered now (possibly because the
-        budget went into discarding an over-long line); just call again later.
-        """
+        """Return new complete lines, reading at most about ``budget_bytes``. An empty list means
+        nothing new could be delivered now (perhaps the budget went into discarding an over-long
+        line: see ``consumed_bytes``, ``unread_bytes``); just call again later."""
         out: list[TextBlock] = []
         try:
             self._read(out, budget_bytes)
@@ -146,9 +142,9 @@ class LogTailer:
         return out
 
     def flush_partial(self) -> TextBlock | None:
-        """Hand out the pending unterminated line as complete, e.g. at the end of a
-        finished file in one-shot replay. Reads on to EOF first (stopping at a
-        newline if one arrived), so an over-long tail is skipped, not re-emitted."""
+        """Hand out the pending unterminated line as complete, e.g. at the end of a finished file
+        in one-shot replay. Reads on to EOF first (stopping at a newline if one arrived), so an
+        over-long tail is skipped, not re-emitted."""
         if self._fd is None:
             return None
         try:
@@ -182,8 +178,10 @@ class LogTailer:
         return self._fd is not None
 
     def close(self) -> None:
-        """Release the fd; a later read() reopens from the current position."""
+        """Release the fd; a later read() reopens from the current position (see _resume_skip)."""
         self._pending = self.position
+        self._skip = (self._gen, self._offset, self._read_pos, self._discarding) \
+            if self._gen is not None and self._read_pos > self._offset else None
         if self._fd is not None:
             os.close(self._fd)
         self._fd, self._gen = None, None
@@ -272,6 +270,7 @@ class LogTailer:
                 fst = os.fstat(fd)
                 if (fst.st_dev, fst.st_ino) == (pos.dev, pos.ino) and fst.st_size >= pos.offset:
                     self._adopt(fd, (pos.dev, pos.ino), pos.offset, pos.line)
+                    self._resume_skip(fst.st_size)
                     msg = f"resuming {old} at byte {pos.offset} before following {self.path}"
                     self._event(TailEvent.RESUMED_FROM_ROTATED, msg)
                     return True
@@ -299,7 +298,18 @@ class LogTailer:
             os.close(fd)
             raise
         self._adopt(fd, gen, offset, line)
+        self._resume_skip(fst.st_size)
         return True
+
+    def _resume_skip(self, size: int) -> None:
+        """Back on a generation closed inside a line: take its head again (max_line_bytes at most,
+        outside the budget) and go on where the reading stopped, so a line longer than a budget
+        (or over-long, and skipped) still gets past, and is read once, when closed every turn."""
+        skip, self._skip = self._skip, None
+        if skip is None or skip[0] != self._gen or skip[1] != self._offset or size < skip[2] or self._fd is None:
+            return
+        self._buf += os.pread(self._fd, min(self._max, skip[2] - skip[1]), self._offset)
+        self._read_pos, self._discarding = skip[2], skip[3]
 
     def _scan_complete_lines(self, fd: int, size: int) -> tuple[int, int]:
         """(offset after the last newline, newline count) so numbering stays true."""
@@ -364,6 +374,7 @@ class LogTailer:
         """Turn freshly read bytes (at _read_pos) into a block of complete lines."""
         base = self._read_pos
         self._read_pos += len(data)
+        self.consumed_bytes += len(data)
         last = data.rfind(b"\n")
         if last < 0:
             self._hold(data)

@@ -179,24 +179,40 @@ def _make_stream(rng: random.Random) -> tuple[bytes, int, int, int]:
     if rng.random() < 0.2:
         body += bytes(rng.randrange(256) for _ in range(rng.randint(1, 512)))
     cut = rng.randint(0, len(body))
-    return body, cut, rng.choice((64, 97, 4096, 1 << 20)), rng.choice((16, 1 << 12, 1 << 20))
+    return body, cut, rng.choice((64, 97, 4096, 1 << 20)), rng.choice((16, 1 << 12, 1 << 20)), rng.random() < 0.3
 
 
-def _run_stream(payload: tuple[bytes, int, int, int], work: Path) -> None:
-    body, cut, chunk, max_line = payload
-    path = work / "train.log"
+def _read_stream(path: Path, body: bytes, cut: int, chunk: int, max_line: int, reopen: bool) -> list:
     path.write_bytes(body[:cut])
     stream = LogStream(str(path), {"run": "fuzz"}, chunk_bytes=chunk, max_line_bytes=max_line)
+    budget = 16 << 20
     try:
-        got = stream.poll()
+        got = stream.poll(budget)
         with open(path, "ab") as f:  # the rest arrives later, cut anywhere (even inside a character)
             f.write(body[cut:])
-        got += stream.poll() + stream.finish()
+        if reopen:  # small turns with the descriptor closed between them (a tight max_open_files)
+            while stream.tailer.consumed_bytes < len(body):
+                before = stream.tailer.consumed_bytes
+                stream.tailer.close()
+                got += stream.poll(chunk)
+                if stream.tailer.consumed_bytes == before:
+                    raise AssertionError("no progress after a reopen")
+        got += stream.poll(budget) + stream.finish()
     finally:
         stream.close()
+    return got
+
+
+def _run_stream(payload: tuple[bytes, int, int, int, bool], work: Path) -> None:
+    body, cut, chunk, max_line, reopen = payload
+    got = _read_stream(work / "train.log", body, cut, chunk, max_line, reopen)
     for s in got:
         if s.source.line < 1 or not isinstance(s.value, float):
             raise AssertionError(f"bad sample {s!r}")
+    if reopen:  # closing and reopening between turns changes nothing that comes out
+        ref = _read_stream(work / "ref.log", body, cut, chunk, max_line, False)
+        if [(s.source.line, repr(s.value)) for s in got] != [(s.source.line, repr(s.value)) for s in ref]:
+            raise AssertionError("reading with reopens gave other samples than reading in one go")
 
 
 TARGETS = [

@@ -289,6 +289,48 @@ def test_huge_line_in_pieces_is_truncated_with_bounded_memory(log: Path) -> None
     t2.close()
 
 
+def test_closing_inside_a_huge_line_resumes_the_skip_instead_of_rereading(log: Path) -> None:
+    """The daemon closes descriptors beyond max_open_files between passes: a line of many budgets
+    must still cost its bytes once (else a file reopened every pass would never get past it)."""
+    max_line, chunk, budget = 4 << 10, 4 << 10, 64 << 10
+    append(log, b"before\n" + b"z" * (1 << 20))
+    t = LogTailer(str(log), max_line_bytes=max_line, chunk_bytes=chunk)
+    assert lines(t.read(budget)) == [(1, "before")]
+    passes = 1
+    while t.unread_bytes() > 0:  # close after every pass, as under a tight max_open_files
+        t.close()
+        assert t.read(budget) == [] and t.buffered_bytes <= max_line
+        passes += 1
+        assert passes < 100, "the over-long line is read again after each close"
+    assert t.consumed_bytes == log.stat().st_size  # every byte once (the kept head is not counted)
+    assert passes <= (1 << 20) // budget + 2
+    append(log, b"tail\nafter\n")
+    t.close()
+    blocks = drain(t, budget)
+    assert lines(blocks) == [(2, "z" * max_line), (3, "after")]  # "tail" ended the cut line
+    assert sum(b.truncated_lines for b in blocks) == 1
+    # a different file under the same name since the close: the remembered skip does not apply
+    t.close()
+    os.rename(log, str(log) + ".1")
+    append(log, b"fresh\n")
+    os.unlink(str(log) + ".1")
+    assert lines(drain(t)) == [(1, "fresh")]
+    t.close()
+
+
+def test_a_line_longer_than_the_budget_gets_past_when_closed_every_turn(log: Path) -> None:
+    append(log, b"a" * 10_000 + b"\nnext\n")  # below max_line_bytes, but 40 turns of 256 bytes
+    t = LogTailer(str(log), chunk_bytes=256)
+    got: list[TextBlock] = []
+    for _ in range(100):
+        got += t.read(256)
+        t.close()
+        if t.unread_bytes() == 0 and t.position and t.position.offset == log.stat().st_size:
+            break
+    assert lines(got) == [(1, "a" * 10_000), (2, "next")]
+    assert t.consumed_bytes == log.stat().st_size
+
+
 def test_overlong_unterminated_line_flushes_truncated(log: Path) -> None:
     append(log, b"ok\n" + b"q" * 100)
     t = LogTailer(str(log), max_line_bytes=10, chunk_bytes=8)

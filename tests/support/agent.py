@@ -49,10 +49,11 @@ class AgentProcess:
                      f"127.0.0.1:{self.port}", "--state", str(state), *extra]
         self.proc: subprocess.Popen | None = None
 
-    def start(self, env: dict[str, str] | None = None) -> "AgentProcess":
+    def start(self, env: dict[str, str] | None = None, preexec_fn=None) -> "AgentProcess":
+        """``preexec_fn``: run in the child before exec (e.g. resource.setrlimit for a low ulimit)."""
         self._err = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=self._err,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)
         wait_for(self.ready, 30, what=f"agent ready; stderr:\n{self.stderr()}")
         return self
 
