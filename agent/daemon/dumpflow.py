@@ -25,9 +25,13 @@ from ..engine.pipeline import Pipeline
 from ..fusion.suspect import CATALOGUE_ERROR_PATH
 from .fusionfiles import FusionPickup, watch_places
 from ..health import Health
-from ..model import make_labels
+from ..model import DUMP_NONFINITE, DUMP_OVERFLOW, DUMP_STEP, make_labels
+from ..readers.runs import dump_run_labels
 from ..sources.watcher import watch_for
 from ..store.state import StateError, StateStore
+
+
+WRITTEN_METRICS = frozenset({DUMP_NONFINITE, DUMP_OVERFLOW, DUMP_STEP})
 
 
 class DumpFlow:
@@ -40,6 +44,15 @@ class DumpFlow:
         self.fusion = FusionPickup(watch_places(self._watch))   # the jobs' fusion reports and graphs
         self.scheduler.fusion = self.fusion.annotate
         self._catalogue_errors: set[str] = set()
+
+    def restore(self) -> None:
+        """At start: each rank's first non-finite dump, as saved before a restart."""
+        try:
+            bad = self.book.origins.restore(self.store.load_dump_origins())
+            if bad:
+                self.health.error("state", "skipped %d unreadable dump-origin record(s)", bad)
+        except StateError as exc:
+            self.health.error("state", "could not read the dump-origin records: %s", exc)
 
     def keep_cache(self, unit: str) -> bool:
         """Scan thread: keep a unit's pages in the page cache when a comparison will read them
@@ -77,7 +90,8 @@ class DumpFlow:
     def handle(self, r: ScanResult) -> None:
         """Worker thread: one scanned (or re-compared) dump directory."""
         watch = self._watch(r.unit)
-        labels = dict(watch.labels) if watch is not None else {}
+        labels = (dump_run_labels(r.unit, str(watch.path), watch.run_from, dict(watch.labels))
+                  if watch is not None else {})
         if r.signature is not None:
             self._scanned(r, labels)
         self._after(r.unit, r.after, labels)
@@ -94,9 +108,15 @@ class DumpFlow:
         for e in r.result["errors"]:
             if self._first_time(e):
                 self.health.error("scan", "%s: %s", e["path"], e["reason"])
+        written = r.signature[2] / 1e9
+        for s in r.samples:   # when the dump was written: how the incident kinds tell a restart from a late scan
+            if s.metric in WRITTEN_METRICS:
+                s.attrs += (("written", written),)
         self.pipeline.process(labelled(r.samples, labels))
-        self.book.origins.observe(r.result, labels, r.unit, r.signature[2] / 1e9)
+        changed = self.book.origins.observe(r.result, labels, r.unit, written)
         try:
+            if changed:
+                self.store.save_dump_origins(self.book.origins.rows())
             self.store.record_scanned(r.unit, 0, 0, r.signature[1], r.signature[2] / 1e9,
                                       ",".join(map(str, r.signature)))
         except StateError as exc:
@@ -132,7 +152,6 @@ class DumpFlow:
             if self._first_time(e):
                 self.health.error("compare", "%s (%s): %s", e.get("path"), e.get("side"), e.get("reason"))
         sample = compare_sample(res, labels, unit)
-        self.book.record_compare(make_labels(labels, mode=res.get("mode", "")), unit, res, sample is not None,
+        self.book.record_compare(make_labels(labels, mode=res.get("mode", "")), unit, res, bool(sample.value),
                                  time.time())
-        if sample is not None:
-            self.pipeline.process([sample])
+        self.pipeline.process([sample])

@@ -31,7 +31,7 @@ GRAFANA_BUILTINS = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h
 PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds"}   # Prometheus adds these to every target
 # Panels allowed to be empty on a healthy test run, with why.
 MAY_BE_EMPTY = {
-    "First bad op": "needs a DumpNonFinite alert (a scanned dump with NaN)",
+    "First bad op": "needs a scanned dump with NaN (precision_agent_dump_first_nonfinite_step)",
     "Fusion suspected": "needs a FusionSuspected alert (two runs labelled fusion on/off)",
     "Errors / s by kind": "shows only kinds with errors (> 0)",
 }
