@@ -102,8 +102,10 @@ class Incidents:
         unit, written = s.source.path if s.source else "", s.attr("written")
         top = inc.tops.get(rank)
         if top:
+            # written later than the rank's furthest dump; without write times (``scan`` of one
+            # tree: every sample has the same source), only another directory can be a restart
             restart = (step < top[0] or (step == top[0] and unit != top[1])) and (
-                written is None or top[2] is None or written > top[2])
+                written > top[2] if written is not None and top[2] is not None else unit != top[1])
         else:   # a rank not seen before (a single process's proc<PID> after a restart) behind the others
             hi = max(inc.tops.values(), key=lambda t: t[0], default=None)
             restart = (hi is not None and step < hi[0] and written is not None and hi[2] is not None
@@ -200,7 +202,8 @@ class Incidents:
 
     def _hit(self, key: Labels, inc: Incident, s: Sample, message: str) -> Hit:
         ranks = ",".join(inc.origin_ranks)
-        where = f"step {inc.origin_step}" + (f", rank {ranks}" if ranks else "")
+        where = ", ".join(([f"step {inc.origin_step}"] if inc.origin_step is not None else [])
+                          + ([f"rank {ranks}"] if ranks else [])) or "no step or rank number"
         evidence = {"where": where, **inc.origin, "incident": inc.number, "op": inc.origin_op, "origin_step": inc.origin_step,
                     "origin_rank": ranks, "origin_ranks": list(inc.origin_ranks),
                     "affected_steps": list(inc.steps), "affected_steps_total": inc.affected,

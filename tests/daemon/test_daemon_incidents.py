@@ -76,8 +76,9 @@ def test_one_page_per_incident_restart_and_two_runs(tmp_path: Path) -> None:
         _write(FIXTURES / "restart" / "attempt1", dumps / "job_r")
         want = sum(_files(FIXTURES / p) for p in ("nan_2ranks", "two_runs", "restart/attempt1"))
         wait_for(lambda: _scanned(agent) >= want, timeout=120, what=f"{want} dump files scanned")
-        got = wait_for(lambda: len(_dump_alerts(agent)) == 4 and _dump_alerts(agent), timeout=30,
-                       what="one DumpNonFinite per run")
+        # directories are scanned as they settle, not in step order: the origin may move to an
+        # earlier step scanned later, and the affected steps grow, until every directory is judged
+        got = wait_for(lambda: _settled(agent), timeout=30, what="one DumpNonFinite per run, every step judged")
         by_run = {a["labels"]["run"]: a for a in got}
         assert sorted(by_run) == ["job_a", "job_b", "job_r", "nan_2ranks"], by_run.keys()
         nan = by_run["nan_2ranks"]
@@ -94,7 +95,9 @@ def test_one_page_per_incident_restart_and_two_runs(tmp_path: Path) -> None:
         # the restart of job_r from its step-2 checkpoint, into the same dump root: a new page
         _write(FIXTURES / "restart" / "attempt2", dumps / "job_r")
         second = wait_for(lambda: [a for a in _dump_alerts(agent) if a["labels"]["run"] == "job_r"
-                                   and a["labels"]["incident"] == "2"], timeout=60, what="the restart's incident")
+                                   and a["labels"]["incident"] == "2"
+                                   and a["evidence"]["evidence"]["affected_steps"] == [4, 5]],
+                          timeout=60, what="the restart's incident, both its steps judged")
         assert second[0]["evidence"]["step"] == 4 and second[0]["state"] == "firing"
         first = [a for a in _dump_alerts(agent) if a["labels"]["run"] == "job_r" and a["labels"]["incident"] == "1"]
         assert first and first[0]["state"] == "resolved"
@@ -110,6 +113,13 @@ def test_one_page_per_incident_restart_and_two_runs(tmp_path: Path) -> None:
         assert _scanned(again) == 0
     finally:
         again.stop()
+
+
+def _settled(agent: AgentProcess) -> list[dict] | None:
+    got = _dump_alerts(agent)
+    steps = {a["labels"]["run"]: a["evidence"]["evidence"]["affected_steps"] for a in got}
+    want = {"nan_2ranks": list(range(3, 13)), "job_a": [2, 3, 4], "job_b": [3, 4], "job_r": [3, 4, 5]}
+    return got if len(got) == 4 and steps == want else None
 
 
 def _origins(agent: AgentProcess) -> dict[tuple[str, str], float]:
