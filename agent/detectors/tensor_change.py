@@ -32,6 +32,7 @@ from ..dumps.watchpoints import Role
 from .base import PerSeries
 from .tensor_health import RoleName, TensorKind, TensorParams, dump_step, nonfinite
 
+LB_NOISE = 1e-6   # statistics' lower bounds below this are fp32 rounding, not a change
 _STATS = ("min", "max", "mean", "l2norm", "count", "nan", "pos_inf", "neg_inf")
 
 
@@ -200,7 +201,9 @@ class WeightChangeDetector(_ChangeKind):
                 ratio = float(d.mean()) / (base + p.epsilon) if base + p.epsilon > 0 else \
                     (math.inf if d.any() else 0.0)
             basis = "sampled_elements"
-            if lb is not None and lb > ratio:  # a change the sampled elements missed (one huge value)
+            # a change the sampled elements missed (one huge value); not the rounding of fp32
+            # statistics (a mean is good to ~1e-7 of the weight's size: below that it is noise)
+            if lb is not None and lb > max(2 * ratio, LB_NOISE):
                 ratio, basis = lb, "statistics_lower_bound"
         elif lb is not None:
             ratio, basis = lb, "statistics_lower_bound"
