@@ -28,6 +28,7 @@ DUMP_OVERFLOW = "dump_overflow"  # one overflow record of an Opdebug file (attrs
 DUMP_FP16_SATURATED = "dump_fp16_saturated"  # fp16 values at ±65504 in one op's dumped outputs
 DUMP_DIVERGENCE = "dump_divergence"  # a comparison with the benchmark run diverged (attrs: op, verdict, ...)
 DUMP_NONDETERMINISM = "dump_nondeterminism"  # a rerun's dumps differ bitwise (attrs as dump_divergence)
+DUMP_STEP = "dump_step"  # one per (step, rank) of a scanned dump: attrs step, nonfinite, overflow (dumps/samples.py)
 DUMP_TENSOR = "dump_tensor"    # one watched tensor's statistics (dumps/watchpoints.py)
 NONFINITE_MESSAGE = "nonfinite_message"  # an explicit trainer message that loss became NaN/Inf
 # Run-wide facts a log states once (agent/readers/parsers/hints.py); they apply to every series of

@@ -27,11 +27,17 @@ def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | No
     pipeline = Pipeline(rules.fresh(), max_series=1 << 16, keep_findings=100_000)
     pipeline.process(result_samples(result, labels or {}))
     out = []
+    latest = {}   # an incident kind refreshes its finding per bad step: the last one holds them all
     for f in pipeline.findings:
+        if "incident" in f.evidence:
+            latest[(f.rule, f.labels)] = f
+    for f in pipeline.findings:
+        if "incident" in f.evidence and latest[(f.rule, f.labels)] is not f:
+            continue
         lab, ev = dict(f.labels), f.evidence
-        rank: Any = lab.get("rank")
+        rank: Any = lab.get("rank", ev.get("origin_rank") if "incident" in ev else None)
         out.append({"rule": f.rule, "kind": f.kind, "severity": f.severity, "step": f.step,
-                    "rank": int(rank) if rank and rank.isdigit() else rank, "op": lab.get("op"), "tensor": ev.get("tensor"),
+                    "rank": int(rank) if rank and rank.isdigit() else rank, "op": lab.get("op") or ev.get("op"), "tensor": ev.get("tensor"),
                     "summary": f.annotations.get("summary") or f.summary, "labels": lab, "evidence": ev})
     return out
 

@@ -129,6 +129,7 @@ def after_scan(unit: str, work: DumpWork, settle: float) -> AfterScan:
     if other is not None:
         if ready(other, settle):
             res = out.compare = compare_unit(unit, other, work, target)
+            res.setdefault("step", path_step(unit, work.root))   # a match's step, for the incident kinds
             for key in ("first_diverging_op", "corrupted_input", "first_differing_tensor"):
                 where = res.get(key)
                 if where and where.get("step") is None:
@@ -138,8 +139,9 @@ def after_scan(unit: str, work: DumpWork, settle: float) -> AfterScan:
     return out
 
 
-def compare_sample(result: dict[str, Any], labels: dict[str, str], unit: str) -> Sample | None:
-    """The sample of a comparison that diverged (None otherwise), labelled like the watch (+ rank).
+def compare_sample(result: dict[str, Any], labels: dict[str, str], unit: str) -> Sample:
+    """The sample of a comparison (value 1: diverged; in rerun mode any bitwise difference; 0: it
+    matched), labelled like the watch (+ rank).
 
     The op to look at first: the op that lost precision, else the op whose input already
     differed, else the first differing tensor's op."""
@@ -153,9 +155,8 @@ def compare_sample(result: dict[str, Any], labels: dict[str, str], unit: str) ->
              ("pairs", result.get("pairs")), ("differ_bitwise", result.get("differ_bitwise")),
              ("beyond_tolerance", result.get("beyond_tolerance")), ("unmatched", len(result.get("unmatched") or ())),
              ("csv", result.get("csv")), ("bench", result.get("bench")),
-             *fusion_attrs(result.get("fusion_suspect")))
-    if not result.get("diverged"):   # in rerun mode: any bitwise difference
-        return None
+             *(fusion_attrs(result.get("fusion_suspect")) if result.get("diverged") else ()))
     metric = DUMP_NONDETERMINISM if result.get("mode") == "rerun" else DUMP_DIVERGENCE
-    return Sample(make_labels(ls), metric, 1.0, where.get("step"),
+    # a match is a sample too (value 0): the incident kinds count clean steps (dump_incident.py)
+    return Sample(make_labels(ls), metric, 1.0 if result.get("diverged") else 0.0, where.get("step", result.get("step")),
                   SourcePos(unit, 0), time.time(), None, attrs)

@@ -154,6 +154,19 @@ def row_dict(r: Row) -> dict[str, Any]:
     return out
 
 
+def incident_of(res: CompareResult) -> dict[str, Any] | None:
+    """A comparison over many steps as one incident, as the daemon's ``dump_divergence`` alerts
+    it (agent/detectors/dump_incident.py): the origin is the op to look at first (lowest step),
+    the affected steps every step with a pair beyond tolerance (with ``--rerun``: a differing bit)."""
+    if not res.diverged:
+        return None
+    where = res.first_diverging_op or res.corrupted_input or res.first_differing_tensor or {}
+    bad = sorted({r.target.step for r in res.rows if r.target.step is not None
+                  and ((not r.equal) if res.mode == "rerun" else r.ok is False)})
+    return {"origin_step": where.get("step"), "origin_rank": where.get("rank"), "op": where.get("op"),
+            "tensor": where.get("tensor"), "affected_steps": bad[:64], "affected_steps_total": len(bad)}
+
+
 def to_json(res: CompareResult) -> dict[str, Any]:
     """The JSON document (pass through ``model.json_safe`` before dumping: metrics may be NaN)."""
     return {"bench": res.bench.path, "target": res.target.path,
@@ -165,6 +178,7 @@ def to_json(res: CompareResult) -> dict[str, Any]:
             "across_fusion": res.across.to_json() if res.across is not None else None,
             "fused_away": res.across.fused_away if res.across is not None else [],
             "identical": res.identical, "diverged": res.diverged, "verdict": verdict(res),
+            "incident": incident_of(res),
             "summary": summary(res), "differ_bitwise": sum(not r.equal for r in res.rows),
             "beyond_tolerance": sum(r.ok is False for r in res.rows), "errors": res.errors,
             "statistics_only": {"pairs": sum(r.diff is None and r.stats_diff is not None for r in res.rows),

@@ -68,6 +68,7 @@ class Agent:
         self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series, memory=MemoryBook())
         self.dump_book = DumpBook()
         self.dumpflow = DumpFlow(config, self.health, self.pipeline, self.store, self.dump_book, self.saves)
+        self.dumpflow.restore()
         self.dumps = self.dumpflow.scheduler
         # symlinks out of the watched roots are not followed (sources/confine.py)
         self.confine = Confinement(config.watches, lambda path: self.health.inc("symlinks_skipped"))

@@ -29,7 +29,8 @@ from ..engine.pipeline import Pipeline
 from ..fusion.suspect import CATALOGUE_ERROR_PATH
 from .fusionfiles import FusionPickup, watch_places
 from ..health import Health
-from ..model import make_labels
+from ..model import DUMP_NONFINITE, DUMP_OVERFLOW, DUMP_STEP, make_labels
+from ..readers.runs import dump_run_labels
 from ..sources.watcher import watch_for
 from ..store.saving import SaveTracker
 from ..store.state import StateError, StateStore
@@ -37,6 +38,9 @@ from ..store.state import StateError, StateStore
 log = logging.getLogger("precision_agent")
 MAX_LOGGED = 100_000    # (path, reason, file identity) of scan errors already logged
 LINES_PER_CAUSE = 10    # error lines per scan and cause; the rest in one summary line
+
+
+WRITTEN_METRICS = frozenset({DUMP_NONFINITE, DUMP_OVERFLOW, DUMP_STEP})
 
 
 class DumpFlow:
@@ -51,6 +55,15 @@ class DumpFlow:
         self.scheduler.fusion = self.fusion.annotate
         self._catalogue_errors: set[str] = set()
         self._logged: OrderedDict[int, None] = OrderedDict()   # hashes of scan errors and notes logged
+
+    def restore(self) -> None:
+        """At start: each rank's first non-finite dump, as saved before a restart."""
+        try:
+            bad = self.book.origins.restore(self.store.load_dump_origins())
+            if bad:
+                self.health.error("state", "skipped %d unreadable dump-origin record(s)", bad)
+        except StateError as exc:
+            self.health.error("state", "could not read the dump-origin records: %s", exc)
 
     def keep_cache(self, unit: str) -> bool:
         """Scan thread: keep a unit's pages in the page cache when a comparison will read them
@@ -88,7 +101,8 @@ class DumpFlow:
     def handle(self, r: ScanResult) -> None:
         """Worker thread: one scanned (or re-compared) dump directory."""
         watch = self._watch(r.unit)
-        labels = dict(watch.labels) if watch is not None else {}
+        labels = (dump_run_labels(r.unit, str(watch.path), watch.run_from, dict(watch.labels))
+                  if watch is not None else {})
         if r.signature is not None:
             self._scanned(r, labels)
         self._after(r.unit, r.after, labels)
@@ -106,9 +120,15 @@ class DumpFlow:
         for w in r.result.get("warnings") or ():
             if self._remember(("warning", w)):
                 log.warning("scan of %s: %s", r.unit, w)
+        written = r.signature[2] / 1e9
+        for s in r.samples:   # when the dump was written: how the incident kinds tell a restart from a late scan
+            if s.metric in WRITTEN_METRICS:
+                s.attrs += (("written", written),)
         self.pipeline.process(labelled(r.samples, labels))
-        self.book.origins.observe(r.result, labels, r.unit, r.signature[2] / 1e9)
+        changed = self.book.origins.observe(r.result, labels, r.unit, written)
         try:
+            if changed:
+                self.store.save_dump_origins(self.book.origins.rows())
             self.store.record_scanned(r.unit, 0, 0, r.signature[1], r.signature[2] / 1e9,
                                       ",".join(map(str, r.signature)))
         except StateError as exc:  # reported once per cause with the other failed saves
@@ -184,7 +204,6 @@ class DumpFlow:
             if self._first_time(e):
                 self.health.error("compare", "%s (%s): %s", e.get("path"), e.get("side"), e.get("reason"))
         sample = compare_sample(res, labels, unit)
-        self.book.record_compare(make_labels(labels, mode=res.get("mode", "")), unit, res, sample is not None,
+        self.book.record_compare(make_labels(labels, mode=res.get("mode", "")), unit, res, bool(sample.value),
                                  time.time())
-        if sample is not None:
-            self.pipeline.process([sample])
+        self.pipeline.process([sample])

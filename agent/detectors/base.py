@@ -61,7 +61,7 @@ class Detector(abc.ABC, Generic[P]):
         return self.metrics
 
     @abc.abstractmethod
-    def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+    def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | list[Hit | Clear] | None:
         """Judge one accepted sample of ``series``."""
 
     def tick(self, now: float, series: SeriesState) -> Hit | Clear | None:

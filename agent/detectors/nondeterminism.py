@@ -8,12 +8,12 @@ evidence. Same shape of alert as ``dump_divergence``, fed by the rerun compariso
 from __future__ import annotations
 
 from ..model import DUMP_NONDETERMINISM
-from .base import Params
+from .dump_incident import IncidentParams
 from .dump_divergence import DumpDivergenceDetector
 
 
 
-class NondeterminismParams(Params):
+class NondeterminismParams(IncidentParams):
     pass
 
 

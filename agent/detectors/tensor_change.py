@@ -2,7 +2,8 @@
 (WCL / WCS: the update ratio too large or too small).
 
 Both compare a weight with the same weight (same series, same ``name:io:index``) at the
-previous dumped step. Memory is bounded: per rule at most ``max_tensors`` weights are
+previous dumped step, and report a weight only once the condition held on ``for_steps``
+comparisons in a row (comparisons ending before ``after_step`` are not judged). Memory is bounded: per rule at most ``max_tensors`` weights are
 remembered (least recently seen dropped first), each as its statistics plus the sketch of
 :mod:`..dumps.watchpoints` (``SKETCH_SIZE`` elements at fixed positions) when the dump had data.
 
@@ -31,6 +32,7 @@ from ..dumps.watchpoints import Role
 from .base import PerSeries
 from .tensor_health import RoleName, TensorKind, TensorParams, dump_step, nonfinite
 
+LB_NOISE = 1e-6   # statistics' lower bounds below this are fp32 rounding, not a change
 _STATS = ("min", "max", "mean", "l2norm", "count", "nan", "pos_inf", "neg_inf")
 
 
@@ -41,6 +43,7 @@ class _Prev:
     step: int | None = None
     stats: dict = field(default_factory=dict)
     sketch: np.ndarray | None = None
+    streak: int = 0      # comparisons in a row (up to this step) that met the condition
 
 
 _TENSOR = "__tensor__"  # the key of a weight's memory: its series labels plus this pair
@@ -49,6 +52,11 @@ _TENSOR = "__tensor__"  # the key of a weight's memory: its series labels plus t
 class ChangeParams(TensorParams):
     roles: list[RoleName] = Field(default_factory=lambda: ["weight"])
     max_tensors: int = Field(4096, ge=1, le=1_000_000)
+    # the condition must hold on this many step-to-step comparisons of a weight in a row: one
+    # skipped update (a loss scaler's overflow step) or one step at a warm-up's lr 0 is no finding
+    for_steps: int = Field(1, ge=1, le=1000)
+    # comparisons that end before this step are not judged (a learning-rate warm-up)
+    after_step: int = Field(0, ge=0)
 
 
 class _ChangeKind(TensorKind):
@@ -71,14 +79,22 @@ class _ChangeKind(TensorKind):
         seen = self._prev.peek(key)
         if seen is not None and step is not None and seen.step is not None and step <= seen.step:
             return None  # the same or an older step again (a rescan): nothing to compare
-        prev = None if seen is None else _Prev(seen.step, seen.stats, seen.sketch)
+        prev = None if seen is None else _Prev(seen.step, seen.stats, seen.sketch, seen.streak)
         rec = self._prev.get(key)  # most recently seen; the least recently seen go past the cap
         rec.step, rec.stats, rec.sketch = step, cur, sk if isinstance(sk, np.ndarray) else None
+        rec.streak = 0
         if prev is None or prev.stats.get("count") != cur["count"]:
             return None  # first sighting, or the shape changed (another tensor under the same name)
+        if step is not None and step < self.params.after_step:
+            return None
         ev = self.compare(s, cur, prev)
-        if ev is not None:
-            ev["previous_step"] = prev.step
+        if ev is None:
+            return None
+        rec.streak = prev.streak + 1
+        if rec.streak < self.params.for_steps:
+            return None
+        ev["previous_step"] = prev.step
+        ev["steps_in_a_row"] = rec.streak
         return ev
 
 
@@ -185,7 +201,9 @@ class WeightChangeDetector(_ChangeKind):
                 ratio = float(d.mean()) / (base + p.epsilon) if base + p.epsilon > 0 else \
                     (math.inf if d.any() else 0.0)
             basis = "sampled_elements"
-            if lb is not None and lb > ratio:  # a change the sampled elements missed (one huge value)
+            # a change the sampled elements missed (one huge value); not the rounding of fp32
+            # statistics (a mean is good to ~1e-7 of the weight's size: below that it is noise)
+            if lb is not None and lb > max(2 * ratio, LB_NOISE):
                 ratio, basis = lb, "statistics_lower_bound"
         elif lb is not None:
             ratio, basis = lb, "statistics_lower_bound"

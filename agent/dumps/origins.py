@@ -16,8 +16,9 @@ A rank's record belongs to one attempt of the job, as the logs' first non-finite
 of the same rank at the same or a lower step, written after the recorded one, is a rerun (a
 restart from a checkpoint); if it is clean the record is dropped, if not it replaces the record.
 A re-scan of the recorded directory itself replaces or drops it likewise. A later step's dump
-never does: NaN spreads forward. The records are kept in memory: after an agent restart they
-are gone until a new dump is scanned (directories already scanned are not scanned again).
+never does: NaN spreads forward. The records survive an agent restart: the daemon saves them
+in its state store whenever one changes (``rows``) and takes them back at start (``restore``),
+since directories already scanned are not scanned again.
 """
 
 from __future__ import annotations
@@ -64,23 +65,26 @@ class DumpOrigins:
         self._lock = threading.Lock()
         self._cap = cap
         self._first: OrderedDict[Labels, FirstBadDump] = OrderedDict()
+        self.version = 0   # bumped by every change of the records
 
     @staticmethod
     def key(labels: dict[str, str], rank: Any) -> Labels:
         return make_labels(labels, rank=str(rank)) if rank is not None else make_labels(labels)
 
-    def observe(self, result: dict[str, Any], labels: dict[str, str], unit: str, when: float) -> None:
+    def observe(self, result: dict[str, Any], labels: dict[str, str], unit: str, when: float) -> bool:
         """One scan ``result`` of directory ``unit`` (written at ``when``) under a watch's ``labels``."""
         first = result.get("first_nonfinite")
         bad_rank = first.get("rank") if first else None
         with self._lock:
+            before = self.version
             for rank, step in _clean_ranks(result).items():
                 key = self.key(labels, rank)
                 old = self._first.get(key)
                 if old is not None and (old.unit == unit or (when > old.when and _not_after(step, old.step))):
                     del self._first[key]      # a clean rerun of that step or an earlier one
+                    self.version += 1
             if first is None:
-                return
+                return self._bump(before)
             key = self.key(labels, bad_rank)
             new = FirstBadDump(first.get("step"), when, str(first.get("op") or ""), unit)
             old = self._first.get(key)
@@ -91,7 +95,33 @@ class DumpOrigins:
                 self._first.move_to_end(key)
                 while len(self._first) > self._cap:
                     self._first.popitem(last=False)
+                self.version += 1
+            return self._bump(before)
+
+    def _bump(self, before: int) -> bool:
+        """True when this observation changed the records (they are saved again then)."""
+        return self.version != before
 
     def snapshot(self) -> list[tuple[Labels, FirstBadDump]]:
         with self._lock:
             return list(self._first.items())
+
+    def rows(self) -> list[list[Any]]:
+        """The records as plain JSON rows: [labels, step, when, op, unit], oldest first."""
+        with self._lock:
+            return [[[list(p) for p in k], f.step, f.when, f.op, f.unit] for k, f in self._first.items()]
+
+    def restore(self, rows: list[Any]) -> int:
+        """Take back ``rows()`` after a restart; returns how many rows were unreadable (skipped)."""
+        bad = 0
+        with self._lock:
+            for row in rows[-self._cap:] if isinstance(rows, list) else ():
+                try:
+                    raw, step, when, op, unit = row
+                    labels = tuple((str(k), str(v)) for k, v in raw)
+                    if (step is not None and type(step) is not int) or not isinstance(when, (int, float)):
+                        raise ValueError(row)
+                    self._first[labels] = FirstBadDump(step, float(when), str(op), str(unit))
+                except (TypeError, ValueError):
+                    bad += 1
+        return bad

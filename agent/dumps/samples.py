@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from ..model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW, Labels, Sample, SourcePos, make_labels
+from ..model import DUMP_FP16_SATURATED, DUMP_NONFINITE, DUMP_OVERFLOW, DUMP_STEP, Labels, Sample, SourcePos, make_labels
 from .watchpoints import tensor_samples
 
 
@@ -21,6 +21,7 @@ def labelled(samples: list[Sample], labels: dict[str, str]) -> list[Sample]:
     return samples
 
 
+MAX_MARKERS = 4096    # dump_step samples per scan result
 MAX_OPS_PER_STEP = 16  # overflow / saturation samples per (step, rank): bounds the op labels
 
 
@@ -58,10 +59,46 @@ def _nonfinite_sample(result: dict[str, Any], labels: dict[str, str], src: Sourc
                 and t["rank"] == first["rank"] and f"{t['io']}[{t['index']}]" == first["tensor"]), {})
     nonfinite = (bad.get("nan") or 0) + (bad.get("pos_inf") or 0) + (bad.get("neg_inf") or 0)
     attrs = (("op", first["op"]), ("tensor", first["tensor"]), ("rank", first["rank"]), ("nonfinite", nonfinite),
+             ("order", op_order(result, first["op"], first["step"], first["rank"])),
              ("dtype", bad.get("dtype")), ("max", bad.get("max")), ("min", bad.get("min")),
              *fusion_attrs(result.get("fusion_suspect")), *uncertain_attrs(first))
     return [Sample(_located(labels, first["rank"]), DUMP_NONFINITE, float(nonfinite), first["step"], src, now,
                    None, attrs)]
+
+
+def op_order(result: dict[str, Any], op: str, step: Any, rank: Any) -> int | None:
+    """The position of ``op`` among the distinct ops of its (step, rank), in execution order (the
+    order of ``tensors``): what ranks tied on a step are compared by (the same program runs the
+    same ops in the same order on every rank)."""
+    seen: set[str] = set()
+    for t in result.get("tensors") or ():
+        if t.get("step") != step or t.get("rank") != rank:
+            continue
+        if t["name"] == op:
+            return len(seen)
+        seen.add(t["name"])
+    return None
+
+
+def step_markers(result: dict[str, Any], labels: dict[str, str], src: SourcePos, now: float) -> list[Sample]:
+    """One ``dump_step`` sample per (step, rank) the dump holds, in step order: whether any of its
+    tensors holds NaN/Inf and whether an Opdebug file flagged an overflow in it. The incident kinds
+    (agent/detectors/dump_incident.py) count clean steps and notice a restart (steps going back)
+    with them. The step is an attr: ``Sample.step`` stays unset, as for the tensor samples."""
+    seen: dict[tuple, list[bool]] = {}
+    for t in result.get("tensors") or ():
+        flags = seen.setdefault((t.get("step"), t.get("rank")), [False, False])
+        if t.get("nan") or t.get("pos_inf") or t.get("neg_inf"):
+            flags[0] = True
+    for o in result.get("overflows") or ():
+        seen.setdefault((o.get("step"), o.get("rank")), [False, False])[1] = True
+    out = []
+    for (step, rank), (bad, overflow) in sorted(seen.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0)):
+        if len(out) >= MAX_MARKERS:
+            break
+        out.append(Sample(_located(labels, rank), DUMP_STEP, float(bad), None, src, now, None,
+                          (("step", step), ("rank", rank), ("nonfinite", bad), ("overflow", overflow))))
+    return out
 
 
 def _overflow_samples(result: dict[str, Any], labels: dict[str, str], src: SourcePos, now: float,
@@ -112,6 +149,7 @@ def _saturation_samples(result: dict[str, Any], labels: dict[str, str], src: Sou
 
 def result_samples(result: dict[str, Any], labels: dict[str, str], source: str | None = None) -> list[Sample]:
     """Everything a scan result tells the rules, as samples: the first bad op (``dump_nonfinite``),
+    one marker per (step, rank) (``dump_step``),
     the overflowing ops (``dump_overflow``), the fp16-saturated ops (``dump_fp16_saturated``)
     and the tensor-health watchpoints' samples. The daemon and ``precision-agent scan`` both
     judge exactly these, so the two cannot disagree."""
@@ -119,5 +157,6 @@ def result_samples(result: dict[str, Any], labels: dict[str, str], source: str |
     out = _nonfinite_sample(result, labels, src, now)
     out += _overflow_samples(result, labels, src, now)
     out += _saturation_samples(result, labels, src, now)
+    out += step_markers(result, labels, src, now)
     out += tensor_samples(result, labels)   # the one call site of the watchpoint kinds' samples
     return out

@@ -74,6 +74,18 @@ DEFAULT_ACTIVATION = (
     r"\.forward(?:\.\d+)?:output:\d+$",                         # msprobe forward outputs
     r"^[^:]*:output:\d+$",                                      # any other op output
 )
+# Op outputs that are no activations: a training step's optimizer and bookkeeping (msprobe dumps
+# everything between start() and stop(), optimizer.step() included). In-place tensor methods
+# (``Tensor.mul_``, ``add_``, ``addcmul_``, ``lerp_``, ``zero_`` on the moment buffers and the
+# weights), ``Torch._foreach_*`` (the multi-tensor optimizers) and tensor constructors
+# (``zeros_like`` for a fresh moment buffer): the zero-initialised Adam moments at step 0 are all
+# zero by design. An in-place activation function (``relu_``, ``sigmoid_``, ...) stays an activation.
+DEFAULT_NOT_ACTIVATION = (
+    r"^Tensor\.(?!(?:relu|relu6|sigmoid|tanh|gelu|silu|elu|selu|leaky_relu|hardtanh|hardswish|hardsigmoid|mish)_\.)"
+    r"[A-Za-z0-9_]*[A-Za-z0-9]_\.\d+\.forward:",
+    r"^(?:Torch|Tensor)\._foreach_",
+    r"^Torch\.(?:zeros|zeros_like|ones|ones_like|empty|empty_like|full|full_like|arange|tensor|scalar_tensor)\.\d+\.forward:",
+)
 DEFAULT_FUNCTIONS: dict[str, str] = {
     "tanh": r"(?i)" + _SEP + r"tanh_?" + _END,
     "sigmoid": r"(?i)" + _SEP + r"sigmoid_?" + _END,
@@ -105,12 +117,14 @@ class Classifier:
     def __init__(self, exclude: Iterable[str] = DEFAULT_EXCLUDE, gradient: Iterable[str] = DEFAULT_GRADIENT,
                  weight: Iterable[str] = DEFAULT_WEIGHT, bias: Iterable[str] = DEFAULT_BIAS,
                  activation: Iterable[str] = DEFAULT_ACTIVATION,
-                 functions: Mapping[str, str] = DEFAULT_FUNCTIONS) -> None:
+                 functions: Mapping[str, str] = DEFAULT_FUNCTIONS,
+                 not_activation: Iterable[str] = DEFAULT_NOT_ACTIVATION) -> None:
         self.exclude = _compile(exclude, "exclude")
         self.gradient = _compile(gradient, "gradient")
         self.weight = _compile(weight, "weight")
         self.bias = _compile(bias, "bias")
         self.activation = _compile(activation, "activation")
+        self.not_activation = _compile(not_activation, "not_activation")
         self.functions = {fn: _compile([p], f"functions.{fn}")[0] for fn, p in functions.items()}
 
     def classify(self, subject: str) -> Role:
@@ -122,7 +136,7 @@ class Classifier:
             return Role("gradient")
         if hit(self.weight):
             return Role("weight", bias=hit(self.bias))
-        if hit(self.activation):
+        if hit(self.activation) and not hit(self.not_activation):
             op = subject.split(":", 1)[0]
             fn = next((f for f, p in self.functions.items() if p.search(op)), "")
             return Role("activation", fn)

@@ -48,8 +48,13 @@ class AlertBook:
             self._transitions.append(Transition(a, None, AlertState.PENDING))
         a.last_seen = now
         a.count += 1
-        # The evidence and annotations stay those of the onset (the first bad step is what a
-        # responder needs); the latest occurrence is kept beside them.
+        if not onset and "incident" in finding.evidence:
+            # an incident kind (agent/detectors/dump_incident.py) sends the whole incident each time:
+            # its origin may move to an earlier step or rank, its affected steps grow
+            a.annotations = dict(finding.annotations)
+            a.finding = finding.to_json()
+        # Otherwise the evidence and annotations stay those of the onset (the first bad step is
+        # what a responder needs); the latest occurrence is kept beside them.
         a.finding["latest"] = {"step": finding.step, "value": finding.value, "time": now,
                                "line": finding.source.line if finding.source else None}
         self._cleared.pop(fp, None)

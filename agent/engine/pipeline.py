@@ -213,9 +213,11 @@ class Pipeline:
                             continue
                         if signal is None:  # most samples change nothing
                             continue
-                        f = self._signal(rule, signal, accepted.time)
-                        if f is not None:
-                            out.append(f)
+                        # an incident kind may answer several: the incident before ends, a new one opens
+                        for one in signal if isinstance(signal, list) else (signal,):
+                            f = self._signal(rule, one, accepted.time)
+                            if f is not None:
+                                out.append(f)
         return out
 
     def _rules_for(self, key: tuple[str, Labels]) -> tuple[Rule, ...]:

@@ -94,3 +94,38 @@ def run_labels(path: str, run_from: str, labels: dict[str, str]) -> dict[str, st
     if rank is not None and "rank" not in out:
         out["rank"] = rank
     return out
+
+
+# the levels a dump tool puts below its dump root: msprobe step{N}/rank{N}|proc{PID}, CANN
+# {time}/{device}/{model}/{model_id}/{step} (numbers, a 14-digit time, the model's name above a
+# number), MindSpore rank_{id}/{net}/{graph}/{iteration}
+_DUMP_LEVEL_RE = re.compile(r"^(?:(?:step|rank|proc|iteration|device|graph)[_-]?)?\d+$|^rank$", re.IGNORECASE)
+
+
+def dump_root(unit: str, watch_path: str) -> str:
+    """The dump root of a scanned dump directory: the nearest folder above it that is no layout
+    level of a dump tool (``step3``, ``rank1``, ``proc123``, a number, a 14-digit time, a model
+    or net name between numeric levels), never above the watched path."""
+    top = os.path.abspath(watch_path)
+    d = os.path.abspath(unit)
+    level_below = False
+    while d != top and d.startswith(top + os.sep):
+        name, parent = os.path.basename(d), os.path.dirname(d)
+        if _DUMP_LEVEL_RE.match(name) or (level_below and parent != top
+                                         and _DUMP_LEVEL_RE.match(os.path.basename(parent))):
+            level_below = True
+            d = parent
+            continue
+        break
+    return d
+
+
+def dump_run_labels(unit: str, watch_path: str, run_from: str, labels: dict[str, str]) -> dict[str, str]:
+    """The labels of a dump watch's findings: the watch's, plus ``run`` = the dump root's name
+    (the watched folder's own name when the dumps lie directly in it). ``run_from: label`` or a
+    ``run`` among the watch's labels: only the watch's labels."""
+    out = dict(labels)
+    if run_from == "label" or "run" in out:
+        return out
+    out["run"] = _bounded(os.path.basename(dump_root(unit, watch_path)) or "dump")
+    return out

@@ -285,6 +285,19 @@ class StateStore:
         except sqlite3.Error as exc:
             raise state_error(self.path, exc) from exc
 
+    # -- the dump side's first non-finite dump per rank (agent/dumps/origins.py) -----------------
+    # One JSON row in ``meta`` (bounded by the origins' own cap), rewritten when a record changes.
+    def save_dump_origins(self, rows: list[Any]) -> None:
+        try:
+            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('dump_origins', ?)", (json.dumps(rows),))
+        except sqlite3.Error as exc:
+            raise StateError(f"{self.path}: {exc}") from exc
+
+    def load_dump_origins(self) -> list[Any]:
+        """The saved rows; unreadable ones are the caller's to skip (DumpOrigins.restore)."""
+        got = self._decode("meta", "SELECT value FROM meta WHERE key='dump_origins'", lambda r: json.loads(r[0]))
+        return got[0] if got and isinstance(got[0], list) else []
+
     def close(self) -> None:
         _close(self.db)
 

@@ -257,7 +257,8 @@ def test_dump_directories_go_through_the_real_scanner(tmp_path):
                 exp_alerts: []
               - eval_time: 2m
                 alertname: DumpNonFinite
-                exp_alerts: [{exp_labels: {job: j, op: step7/b.npy, severity: page}}]
+                exp_alerts: [{exp_labels: {job: j, incident: 1, severity: page},
+                              exp_annotations: {summary: "step7/b.npy produced NaN/Inf from finite inputs (no step or rank number)"}}]
         """ % (REPO / "rules" / "dumps.yml"), rules=None)
     rc, out = check(p)
     assert rc == EXIT_OK, out

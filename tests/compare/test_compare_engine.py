@@ -216,3 +216,16 @@ def test_hostile_tensors_become_rows_not_crashes(tmp_path):
     assert not res.diverged and any("cplx" in e["path"] for e in res.errors)
     rerun = {r.target.name: r for r in compare_paths(tmp_path / "bench", tmp_path / "target", rerun=True).rows}
     assert rerun["cplx.npy"].ok is False and rerun["rec.npy"].ok is True
+
+
+def test_many_steps_are_one_incident_from_the_lowest_diverging_step(tmp_path):
+    """``compare`` over many steps reports the incident as the daemon alerts it: origin and affected steps."""
+    for step in (0, 1, 2, 3):
+        _net(tmp_path / "bench", step=step)
+        _net(tmp_path / "target", step=step, half_fc2=step >= 2)
+    doc = to_json(compare_paths(tmp_path / "bench", tmp_path / "target"))
+    inc = doc["incident"]
+    assert (inc["origin_step"], inc["op"]) == (2, "Functional.linear.1.forward"), inc
+    assert inc["affected_steps"] == [2, 3] and inc["affected_steps_total"] == 2
+    _net(tmp_path / "same", step=0)
+    assert to_json(compare_paths(tmp_path / "bench", tmp_path / "same", step=0))["incident"] is None

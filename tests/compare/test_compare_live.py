@@ -59,12 +59,13 @@ def test_rerun_difference_names_the_first_differing_tensor_and_writes_a_table(tm
     assert rows[0][0] == "Index" and len(rows) == 5
 
 
-def test_identical_steps_give_no_sample_and_an_incomplete_side_waits(tmp_path: Path) -> None:
+def test_identical_steps_give_a_clean_sample_and_an_incomplete_side_waits(tmp_path: Path) -> None:
     a = {"step0/w.npy": np.arange(10, dtype=np.float32)}
     run, other = _tree(tmp_path / "run", a), _tree(tmp_path / "other", a)
     work = _work(tmp_path, run, other, mode="rerun")
     res = after_scan(str(run / "step0"), work, settle=1.0).compare
-    assert res["identical"] and compare_sample(res, {}, str(run / "step0")) is None
+    clean = compare_sample(res, {}, str(run / "step0"))   # value 0: a clean step for the incident kinds
+    assert res["identical"] and clean.value == 0.0 and clean.step == 0
     (run / "step1").mkdir()
     np.save(run / "step1" / "w.npy", a["step0/w.npy"])
     assert after_scan(str(run / "step1"), work, settle=1.0).waiting_for == str(other / "step1")

@@ -49,9 +49,10 @@ def test_rerun_comparison_fires_on_the_first_differing_op(tmp_path):
         _write(rerun, 1)
         _write(run, 1, ulp=True)
         wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpNondeterminism",
-                                      alertstate="firing", op="002_mlp.npy", run="r1"),
+                                      alertstate="firing", run="r1"),
                  timeout=30, what="DumpNondeterminism firing")
         (alert,) = [a for a in agent.alerts() if a["alertname"] == "DumpNondeterminism"]
+        assert alert["evidence"]["evidence"]["op"] == "002_mlp.npy" and "op" not in alert["labels"]
         assert alert["evidence"]["evidence"]["differ_bitwise"] == 1
         (res,) = json.loads(agent.get("/api/v1/compare"))["data"]
         assert res["mode"] == "rerun" and res["first_differing_tensor"]["op"] == "002_mlp.npy"

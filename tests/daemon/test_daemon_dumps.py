@@ -31,9 +31,10 @@ def test_dump_watch_pages_first_bad_op_once(tmp_path):
     try:
         subprocess.run([sys.executable, "-c", WRITER, str(dumps)], check=True, timeout=60)
         wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpNonFinite", alertstate="firing",
-                                      op="001_softmax.npy"), timeout=30, what="DumpNonFinite firing")
+                                      run="dumps"), timeout=30, what="DumpNonFinite firing")
         (alert,) = [a for a in agent.alerts() if a["alertname"] == "DumpNonFinite"]
         assert alert["evidence"]["evidence"]["nonfinite"] == 1 and alert["labels"]["severity"] == "page"
+        assert alert["evidence"]["evidence"]["op"] == "001_softmax.npy" and "op" not in alert["labels"]
         assert agent.metric("precision_agent_dump_files_scanned_total") == 3
         assert agent.stop() == 0
     finally:
@@ -77,14 +78,14 @@ def test_opdebug_in_a_dump_watch_fires_overflow_with_the_op(tmp_path):
     try:
         subprocess.run([sys.executable, "-c", OPDEBUG_WRITER, str(dumps), os.path.dirname(os.path.dirname(os.path.abspath(__file__)))],
                        check=True, timeout=60)
-        wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpOverflow", alertstate="firing",
-                                      op="layer3_add"), timeout=30, what="DumpOverflow firing for layer3_add")
+        wait_for(lambda: any(a["alertname"] == "DumpOverflow" and a["evidence"]["evidence"]["op"] == "layer3_add"
+                             for a in agent.alerts()), timeout=30, what="DumpOverflow firing for layer3_add")
         wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpFp16Saturation",
                                       alertstate="firing", op="layer3_add"), what="DumpFp16Saturation firing")
         (alert,) = [a for a in agent.alerts() if a["alertname"] == "DumpOverflow"]
         ev = alert["evidence"]["evidence"]
         assert (ev["accelerator"], ev["status"], ev["task_id"]) == ("AI Core", "float_overflow", 11)
-        assert alert["labels"]["rank"] == "2" and alert["labels"]["severity"] == "ticket"
+        assert alert["evidence"]["evidence"]["origin_rank"] == "2" and alert["labels"]["severity"] == "ticket"
         assert "float_overflow" in alert["annotations"]["summary"]
         assert agent.metric("precision_agent_dump_files_scanned_total") == 5
     finally:

@@ -83,6 +83,28 @@ def test_bounded() -> None:
     assert sorted(r for _, r in _series(book)) == ["6", "7", "8", "9"]
 
 
+def test_records_survive_a_restart_and_bad_rows_are_skipped() -> None:
+    book = DumpOrigins()
+    assert book.observe(_result(1, 3, LINEAR), {"run": "r1"}, "/d/step3/rank1", 100.0) is True
+    assert book.observe(_result(1, 5, "Torch.mul.0.forward"), {"run": "r1"}, "/d/step5/rank1", 101.0) is False
+    again = DumpOrigins()
+    rows = book.rows()
+    assert again.restore(rows + [["not", "a", "row"], [[["run", "x"]], "3", 1.0, "op", "/u"]]) == 2
+    assert _series(again) == {("r1", "1"): (3, LINEAR)}
+
+
+def test_the_state_store_keeps_them(tmp_path: Path) -> None:
+    from precision_agent.store.state import StateStore
+    book = DumpOrigins()
+    book.observe(_result(0, 7, LINEAR), {"run": "r1"}, "/d/step7/rank0", 100.0)
+    store = StateStore(tmp_path)
+    store.save_dump_origins(book.rows())
+    store.close()
+    again = DumpOrigins()
+    assert again.restore(StateStore(tmp_path).load_dump_origins()) == 0
+    assert _series(again) == {("r1", "0"): (7, LINEAR)}
+
+
 WRITER = r"""
 import sys, numpy as np
 from pathlib import Path

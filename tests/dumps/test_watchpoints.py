@@ -391,10 +391,10 @@ def _ms_npy(d: Path, op_type: str, op: str, ts: int, arr: np.ndarray) -> None:
 def test_mindspore_npy_dump_end_to_end(tmp_path):
     x = rng.normal(size=(32, 16))
     w = rng.normal(size=(16, 16))
-    for step in (0, 1):
+    for step in (0, 1, 2):   # WeightNotChanged asks for two unchanged comparisons in a row
         d = tmp_path / "rank_0" / "Net" / "0" / str(step)
         ts = 1_700_000_000_000_000 + 100 * step
-        _ms_npy(d, "Parameter", "fc1_weight", ts, np.zeros((16, 16)) if step == 0 else w)
+        _ms_npy(d, "Parameter", "fc1_weight", ts, np.zeros((16, 16)) if step == 0 else w * (1 + 0.01 * step))
         _ms_npy(d, "Parameter", "fc2_weight", ts + 1, w)                      # never updated
         _ms_npy(d, "Tanh", "Default_net_Tanh-op3", ts + 2, np.tanh(x * 50 + np.sign(x) * 12))
         _ms_npy(d, "ReLU", "Default_net_ReLU-op4", ts + 3, np.maximum(x, 0))
@@ -407,9 +407,11 @@ def test_mindspore_npy_dump_end_to_end(tmp_path):
         ("WeightInitAllZero", 0, "Parameter.fc1_weight:output:0"),
         ("ActivationSaturation", 0, "Tanh.Default_net_Tanh-op3:output:0"),
         ("ActivationSaturation", 1, "Tanh.Default_net_Tanh-op3:output:0"),
+        ("ActivationSaturation", 2, "Tanh.Default_net_Tanh-op3:output:0"),
         ("GradientVanishing", 0, "MatMul.Gradients_Default_net_gradMatMul_MatMul-op9:output:0"),
         ("GradientVanishing", 1, "MatMul.Gradients_Default_net_gradMatMul_MatMul-op9:output:0"),
-        ("WeightNotChanged", 1, "Parameter.fc2_weight:output:0"),
+        ("GradientVanishing", 2, "MatMul.Gradients_Default_net_gradMatMul_MatMul-op9:output:0"),
+        ("WeightNotChanged", 2, "Parameter.fc2_weight:output:0"),
         ("WeightChangeTooLarge", 1, "Parameter.fc1_weight:output:0"),          # from all zeros
     }
     assert all(f.severity == "ticket" for f in fs)
@@ -432,7 +434,7 @@ def test_no_stalled_on_dump_series(tmp_path):
 
 def test_cann_dump_sketch_and_gradients(tmp_path):
     w = rng.normal(size=(8, 8)).astype(np.float32)
-    for step in (0, 1):
+    for step in (0, 1, 2):
         d = ge_step_dir(str(tmp_path), 0, step)
         write_ops(d, [("VariableV2", "dense_kernel", 1, [], [w]),
                       ("Sigmoid", "dense_Sigmoid", 2, [w], [np.full((8, 8), 1.0, np.float32)])],
@@ -441,11 +443,11 @@ def test_cann_dump_sketch_and_gradients(tmp_path):
     assert r["layout"] == "cann"
     samples = tensor_samples(r, LABELS)
     kernel = [s for s in samples if s.attr("tensor") == "VariableV2.dense_kernel:output:0"]
-    assert len(kernel) == 2 and all(s.attr("role") == "weight" for s in kernel)
+    assert len(kernel) == 3 and all(s.attr("role") == "weight" for s in kernel)
     assert np.array_equal(kernel[0].attr("sketch"), w.reshape(-1).astype(np.float64))
     fs = shipped().process(samples)
     assert sorted((f.rule, f.step) for f in fs) == [("ActivationSaturation", 0), ("ActivationSaturation", 1),
-                                                     ("WeightNotChanged", 1)]
+                                                     ("ActivationSaturation", 2), ("WeightNotChanged", 2)]
     assert next(f for f in fs if f.rule == "WeightNotChanged").evidence["basis"] == "sampled_elements"
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CORPUS, corpus_path
-from precision_agent.readers.runs import file_run, run_labels
+from precision_agent.readers.runs import dump_run_labels, file_run, run_labels
 from precision_agent.commands.replay import replay
 from precision_agent.engine.rulefile import default_rules_dir, load_rules
 
@@ -561,3 +561,17 @@ def test_a_new_rank_after_a_restart_inherits_the_runs_stated_precision():
     p.series[before.labels] = SeriesState.from_dict(before.labels, before.to_dict(context=True))  # as restored
     p.process([Sample((("rank", "1"), ("run", "r")), LOSS, 2.0, 5, SourcePos("t.log", 1), 1.0)])
     assert p.series[(("rank", "1"), ("run", "r"))].precision == "bf16"
+
+
+@pytest.mark.parametrize("unit, run", [
+    ("/w/job_a/step3/rank1", "job_a"),                      # msprobe: the folder above step*/rank*
+    ("/w/job_a/step3/proc4075", "job_a"),
+    ("/w/step3/rank1", "w"),                                # dumps directly in the watched folder
+    ("/w/gpt/20240301120000/2/ge_default/1/5", "gpt"),      # CANN: {time}/{device}/{model}/{model_id}/{step}
+    ("/w/ms_run/rank_0/Net/0/3", "ms_run"),                 # MindSpore: rank_{id}/{net}/{graph}/{iteration}
+    ("/w/a/b/npy", "npy"),
+])
+def test_dump_run_names(unit, run):
+    assert dump_run_labels(unit, "/w", "file", {"job": "j"}) == {"job": "j", "run": run}
+    assert dump_run_labels(unit, "/w", "label", {"job": "j"}) == {"job": "j"}
+    assert dump_run_labels(unit, "/w", "file", {"run": "mine"}) == {"run": "mine"}

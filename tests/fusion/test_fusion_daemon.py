@@ -113,8 +113,8 @@ def test_fusion_files_in_the_dump_tree_and_a_bad_one_counted_once(tmp_path):
         for step in (2, 3):   # two more steps with the broken report: one error, not two
             op = f"conv_bn_fused_{step}"
             _job(dumps / "graphs", dumps, step, op, "ConvBatchnormFusionPass", compiles=False)
-            wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpNonFinite", op=op), timeout=30,
-                     what=f"step {step} scanned")
+            wait_for(lambda: any(a["alertname"] == "DumpNonFinite" and a["evidence"]["evidence"]["latest_step"] == step
+                                 for a in agent.alerts()), timeout=30, what=f"step {step} scanned")   # one incident
         assert agent.metric("precision_agent_errors_total", kind="scan") == 1
         assert "fusion_result.json" in agent.stderr() and "ends early" in agent.stderr()
         assert agent.stop() == 0
@@ -138,7 +138,8 @@ def test_a_live_comparison_across_fusion_names_the_module_and_the_fused_api(tmp_
         ev = _fusion_alert(agent, module)["evidence"]["evidence"]
         assert ev["api"] == "scaled_dot_product_attention" and ev["found_by"] == "dump_divergence"
         assert ev["fused_ops"] == ["Functional.scaled_dot_product_attention.0.forward"]
-        assert agent.metric("precision_agent_alerts", alertname="DumpDivergence", op=module, job="tiny") == 1.0
+        (div,) = [a for a in agent.alerts() if a["alertname"] == "DumpDivergence"]
+        assert div["evidence"]["evidence"]["op"] == module and div["labels"]["job"] == "tiny"
         (res,) = json.loads(agent.get("/api/v1/compare"))["data"]
         assert res["across_fusion"]["level"] == "module" and res["unmatched"] == []
         assert res["fusion_suspect"]["fused_ops"] == ["Functional.scaled_dot_product_attention.0.forward"]
@@ -240,6 +241,7 @@ def test_an_opdebug_overflow_at_a_fused_op_fires_fusion_suspected_in_the_daemon(
         assert alert["evidence"]["evidence"]["found_by"] == "dump_overflow"
         assert ('The fusion_switch.cfg that turns off exactly it: {"Switch": {"GraphFusion": '
                 '{"MatMulBiasAddFusionPass": "off"}, "UBFusion": {}}}') in alert["annotations"]["description"]
-        assert agent.metric("precision_agent_alerts", alertname="DumpOverflow", op="fz") == 1.0
+        (ovf,) = [a for a in agent.alerts() if a["alertname"] == "DumpOverflow"]
+        assert ovf["evidence"]["evidence"]["op"] == "fz" and ovf["state"] == "firing"
     finally:
         agent.stop()

@@ -118,7 +118,8 @@ def test_the_daemon_fires_fusion_suspected_from_a_dump_watch(tmp_path):
         assert ev["api"] == "npu_fusion_attention" and ev["kind"] == "fused_api" and ev["found_by"] == "dump_nonfinite"
         assert alert["annotations"]["summary"].startswith(f"{op} is fused (npu_fusion_attention)")
         assert "attention" in alert["annotations"]["description"]
-        assert agent.metric("precision_agent_alerts", alertname="DumpNonFinite", op=op) == 1.0
+        (nf,) = [a for a in agent.alerts() if a["alertname"] == "DumpNonFinite"]
+        assert nf["evidence"]["evidence"]["op"] == op and nf["state"] == "firing"
     finally:
         agent.stop()
 
