@@ -113,8 +113,11 @@ def ensure_venv(run: Run, log: Path | None = None) -> Path:
     out = open(log, "ab") if log else subprocess.DEVNULL
     try:
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, stdout=out, stderr=out)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *pip_index_args(), *pkgs], check=True,
-                       stdout=out, stderr=out, timeout=1800)
+        pip = [str(venv / "bin" / "pip"), "install", "-q", *pip_index_args()]
+        if run.trainer == "deepspeed":  # an sdist whose build imports torch: build it against the CPU one
+            subprocess.run([*pip, TORCH, "setuptools", "wheel"], check=True, stdout=out, stderr=out, timeout=1800)
+            pip.append("--no-build-isolation")
+        subprocess.run([*pip, *pkgs], check=True, stdout=out, stderr=out, timeout=1800)
         if run.flavour != "rich":  # lightning does not require rich, but another package may bring it
             subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-q", "-y", "rich"], stdout=out, stderr=out)
     finally:

@@ -2,13 +2,14 @@
 
 ``python hf_train.py OUT [--fault STEP] [--logging-steps N] [--steps N] [--printer]``: trains a
 one-layer GPT-2 made from a config (no download) on random tokens, writes TensorBoard event
-files under ``OUT/runs`` (``report_to="tensorboard"``, ``logging_dir``), and prints what the
+files (``report_to="tensorboard"``: 4.x ``logging_dir=OUT/runs``, 5.x its default ``OUT/out/runs/<date>_<host>``), and prints what the
 Trainer prints (run it with stdout and stderr sent to ``OUT/train.log``). ``--fault K`` makes
 the embedding NaN just before optimizer step K (1-based, as HF counts ``global_step``): the loss
 and every gradient are NaN from step K on, as after an fp16 overflow that reached the weights.
 """
 
 import argparse
+import inspect
 import math
 import time
 from pathlib import Path
@@ -49,12 +50,15 @@ def main() -> None:
     p.add_argument("--printer", action="store_true", help="disable_tqdm: PrinterCallback instead of ProgressCallback")
     a = p.parse_args()
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(cfg)
+    # 4.x takes logging_dir (here OUT/runs); 5.x dropped it: OUT/out/runs/<date>_<host>, or
+    # $TENSORBOARD_LOGGING_DIR
+    where = {"logging_dir": f"{a.out}/runs"} if "logging_dir" in inspect.signature(TrainingArguments).parameters else {}
     args = TrainingArguments(
         output_dir=f"{a.out}/out", max_steps=a.steps, per_device_train_batch_size=4, learning_rate=1e-3,
-        logging_steps=a.logging_steps, logging_dir=f"{a.out}/runs", report_to=["tensorboard"],
-        save_strategy="no", use_cpu=True, disable_tqdm=a.printer, seed=0, dataloader_num_workers=0)
+        logging_steps=a.logging_steps, report_to=["tensorboard"], save_strategy="no", use_cpu=True,
+        disable_tqdm=a.printer, seed=0, dataloader_num_workers=0, **where)
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(a.steps * 4, 16, 64),
                       callbacks=[PlantNaN(a.fault, a.out)] if a.fault else [])
     trainer.train()
