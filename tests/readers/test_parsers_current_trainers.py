@@ -106,3 +106,25 @@ def test_deepspeed_exit_pages_loss_scale_collapse_without_backoffs(tmp_path):
     r = replay_json(log)
     pages = [f for f in r["findings"] if f["severity"] == "page"]
     assert [f["rule"] for f in pages] == ["LossScaleCollapse"] and pages[0]["line"] == 32
+
+
+RICH_LAST_FRAME = (
+    "`Trainer.fit` stopped: `max_epochs=1` reached.\n"
+    "Epoch 0/0  ━━━━━━━━━━━━━━━━━ 50/50 0:00:06 • 0:00:00 9.21it/s v_num: 0          \n"
+    "                                                              train_loss_step:  \n"
+    "                                                              {step}             \n"
+    "                                                              train_loss_epoch: \n"
+    "                                                              0.017             \n")
+
+
+def test_lightning_rich_last_frame_wrapped_over_lines():
+    from precision_agent.readers.parsers.lightning import LightningParser
+    (a,) = parse(LightningParser, RICH_LAST_FRAME.format(step="nan  "))
+    assert a.line == 2 and a.step is None and math.isnan(vals(a)[LOSS])
+    (b,) = parse(LightningParser, "Epoch 3/9  ━━━━━━╸━━━━━━━━━━ 20/50 0:00:02 • 0:00:03 9.86it/s v_num: 1 "
+                                  "train_loss_step: 0.123 train_loss_epoch: 0.200\n")
+    assert vals(b) == {LOSS: 0.123}
+    # a continuation line is part of the frame: no other parser reads "train_loss_step:" there
+    recs = CompositeParser().parse(Block(RICH_LAST_FRAME.format(step="0.001"), 1))
+    assert [(r.producer, r.line) for r in recs if r.producer != "hints"] == [("lightning", 2)]
+    assert not parse(LightningParser, "Validation ━━━━━━━━━━━━ 5/5 0:00:00 • 0:00:00 50.1it/s\n")
