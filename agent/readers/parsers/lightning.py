@@ -25,7 +25,9 @@ _POSTFIX_RE = re.compile(r"(?:it/s|s/it),\s*(?P<post>[A-Za-z_][\w./-]*=[^\]\n\r]
 _PAIR_RE = re.compile(rf"(?:^|,)\s*(?P<key>[A-Za-z_][\w./-]*)=(?P<val>{FLOAT})(?=\s*(?:,|$))")
 # rich's last frame: the epoch column, the bar, counter, times and speed, then the metrics column,
 # wrapped onto indented continuation lines
-_RICH_RE = re.compile(r"Epoch \d+/\d+ [^\n\r]*?\d+/\d+ [^\n\r]*?\S+it/s(?P<post>[^\n\r]*)(?P<cont>(?:\n[ \t]{8,}\S[^\n\r]*)*)")
+# (anchored at the line's start, a launcher's prefix allowed: one linear scan per line, whatever it holds)
+_RICH_RE = re.compile(r"^[^\n\r]{0,40}?Epoch \d{1,9}/\d{1,9} [^\n\r]*?\d/\d+ [^\n\r]*?it/s"
+                      r"(?P<post>[^\n\r]*)(?P<cont>(?:\n[ \t]{8,}\S[^\n\r]*)*)", re.M)
 _RICH_PAIR_RE = re.compile(rf"(?P<key>[A-Za-z_][\w./-]*):\s+(?P<val>{FLOAT})(?=\s|$)")
 _LOSS_KEYS = ("train_loss_step", "train_loss", "loss_step", "loss")
 _LR_KEYS = ("learning_rate_step", "learning_rate", "lr_step", "lr")
