@@ -25,7 +25,8 @@ One rule judges one ``condition`` (the shipped file has one rule per condition):
   and no step numbers are needed: a warm-up back-off run that ends there is a collapse too.
   ``collapse_below: auto`` is 8 (2^3; healthy fp16 runs settle at 2^10..2^17 from initial scales of
   2^16..2^32), and 2^-6 for fairseq, whose scaler starts at 2^7 and healthy runs go down to 1..4.
-  Clears once the scale grows above that level.
+  Clears once the scale grows above that level. DeepSpeed's exit at its minimum scale
+  (``Current loss scale already at minimum``) is a collapse whatever was seen before.
 * ``jump``: one back-off larger than one ``decrease_factor`` (the value fell below
   ``from * decrease_factor / jump_tolerance``). The built-in managers never do this, so the scale
   was set by hand or the run restarted. Only transitions a producer prints per step are judged
@@ -146,9 +147,8 @@ class LossScaleDetector(Detector[LossScaleParams]):
     def wanted_metrics(self) -> frozenset[str]:
         if self.params.condition == "overflow_ratio":
             return frozenset({OVERFLOW}) | _PROGRESS - {GRAD_NORM}  # a grad norm never comes alone
-        if self.params.condition == "floor":
-            # OVERFLOW: fairseq's minimum-reached message; an overflow while at the floor proves
-            # the scale there is a dynamic one
+        if self.params.condition in ("floor", "collapse"):
+            # OVERFLOW: fairseq's minimum reached / an overflow at the floor; DeepSpeed's exit there
             return frozenset({LOSS_SCALE, OVERFLOW})
         return frozenset({LOSS_SCALE})
 
@@ -218,6 +218,8 @@ class LossScaleDetector(Detector[LossScaleParams]):
         return COLLAPSE_LEVELS.get(key, DEFAULT_COLLAPSE)
 
     def _collapse(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        if sample.metric != LOSS_SCALE:
+            return self._exit_at_minimum(sample, series)
         value = sample.value
         if not math.isfinite(value):
             return None
@@ -250,6 +252,20 @@ class LossScaleDetector(Detector[LossScaleParams]):
                    f"loss scale collapsed {since}to {value:g} in {t.backoffs} back-offs without growth "
                    f"(collapse level {level:g})", value, step_of(sample, series), sample.source,
                    {"loss_scale": value, "backoffs": t.backoffs, "from": t.run_from, "collapse_below": level,
+                    "overflow_steps": series.overflow_steps, "first": series.scale_first, "min": series.scale_min})
+
+    def _exit_at_minimum(self, sample: Sample, series: SeriesState) -> Hit | None:
+        """DeepSpeed's exit at its minimum scale (``min_scale_exit``, parsers/deepspeed.py): the
+        scaler overflowed there and ended the run; a collapse, back-offs seen or not."""
+        if sample.attr("variant") != "min_scale_exit":
+            return None
+        t = self._tracks.get(sample.labels)
+        t.active, known = True, series.scale_last is not None
+        value = series.scale_last if known else 1.0
+        return Hit(sample.labels, "loss scale at its minimum and still overflowing: the trainer ended the run",
+                   value, step_of(sample, series), sample.source,
+                   {"loss_scale": value, "backoffs": t.backoffs, "from": t.run_from or series.scale_first,
+                    "loss_scale_source": "last printed" if known else "not printed: DeepSpeed's default minimum",
                     "overflow_steps": series.overflow_steps, "first": series.scale_first, "min": series.scale_min})
 
     # -- warm-up ---------------------------------------------------------------------------------

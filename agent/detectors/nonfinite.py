@@ -17,6 +17,13 @@ that also shows a non-finite loss or grad norm it adds no alert (that report pag
 it is the only sign of the incident (a skipped iteration's loss is not in the printed average),
 so it hits, as ``metric="nan_iterations"``: one alert for the incident, however many reports
 keep counting, resolving ``resolve_after`` after the last.
+
+A loss of exactly 0 beside a non-finite grad norm of the same report is a hidden NaN loss: HF
+Trainer's ``logging_nan_inf_filter`` (on by default) logs a non-finite step's loss as the mean
+of the window's finite losses, 0 when none was finite, so after a fault every report reads
+``{'loss': '0', 'grad_norm': 'nan'}``. A scaler's skipped step leaves the loss finite and
+non-zero, so this hits at once in every precision (``hidden_nan_loss``), whichever of the pair
+comes first (stdout prints the loss first; an event file may order its tags either way).
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ class NonfiniteParams(Params):
     # a loss-scaled run's first reports overflow while the scale falls from its initial value
     # (GradScaler 2^16, DeepSpeed up to 2^32): non-finite grad norms among them are warm-up
     grad_norm_warmup: int = Field(16, ge=0)
+    # a loss of exactly 0 beside a non-finite grad norm of the same report hits at once (HF's
+    # logging_nan_inf_filter writes 0 for a NaN loss)
+    hidden_nan_loss: bool = True
 
     @field_validator("metrics")
     @classmethod
@@ -63,6 +73,10 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
         return frozenset(self.params.metrics)
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | None:
+        if self.params.hidden_nan_loss and sample.metric in (LOSS, GRAD_NORM):
+            hit = self._hidden_nan_loss(sample, series)
+            if hit is not None:
+                return hit
         if sample.metric == NONFINITE_MESSAGE:
             what = sample.attr("what", "message")
             if what == NAN_ITERATIONS and self._shown(sample):
@@ -117,12 +131,37 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
             (t.bad_at.path, t.bad_at.line) == (sample.source.path, sample.source.line)
         return same_line or (sample.step is not None and t.bad_step == sample.step)
 
+    def _hidden_nan_loss(self, sample: Sample, series: SeriesState) -> Hit | None:
+        """A zero loss and a non-finite grad norm from the same report (same step, or the same
+        line where the report has no step), in either order."""
+        t = self._streaks.get(sample.labels)
+        here = (sample.step, sample.source.path, sample.source.line if sample.step is None else -1)
+        if sample.metric == LOSS:
+            t.zero_loss_at = here if sample.value == 0.0 else None
+            if t.zero_loss_at is None or t.bad_norm_at != here:
+                return None
+            norm, loss_sample = t.bad_norm, sample
+        else:
+            t.bad_norm_at = None if math.isfinite(sample.value) else here
+            t.bad_norm = sample.value
+            if t.bad_norm_at is None or t.zero_loss_at != here:
+                return None
+            norm, loss_sample = sample.value, sample
+        t.zero_loss_at = t.bad_norm_at = None  # one hit per report
+        return Hit(sample.labels + (("metric", LOSS),), f"loss is hidden NaN/Inf (logged 0 beside grad_norm {norm})",
+                   math.nan, loss_sample.step if loss_sample.step is not None else series.last_step, loss_sample.source,
+                   {"metric": LOSS, "value": "0 (hidden non-finite)", "grad_norm": repr(norm),
+                    "hidden_by": "logging_nan_inf_filter"})
+
 
 class _Streak:
-    __slots__ = ("n", "reports", "bad_step", "bad_at")
+    __slots__ = ("n", "reports", "bad_step", "bad_at", "zero_loss_at", "bad_norm_at", "bad_norm")
 
     def __init__(self) -> None:
         self.n = 0        # non-finite grad-norm reports in a row (after warm-up)
         self.reports = 0  # grad-norm reports of the series so far, counted up to the warm-up's end
         self.bad_step: int | None = None     # step and line of the last non-finite loss or grad norm
         self.bad_at: SourcePos | None = None
+        self.zero_loss_at: tuple | None = None  # (step, path, line) of the last report whose loss was 0
+        self.bad_norm_at: tuple | None = None   # the same for the last non-finite grad norm
+        self.bad_norm = math.nan

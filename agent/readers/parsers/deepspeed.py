@@ -4,6 +4,18 @@ Every overflow message becomes an ``overflow`` event carrying the scale transiti
 scale becomes a ``loss_scale`` sample tagged with where it came from. The series layer uses
 those transitions to merge the identical copies each rank prints. ``No Grad overflow for N
 iterations`` is not an overflow and is ignored.
+
+DeepSpeed 0.19 logs its dynamic scaler's ``OVERFLOW!`` lines at INFO, which its default logging
+does not show; what is left of a collapse is the exception that ends the run
+(``deepspeed/runtime/fp16/loss_scaler.py``, ``DynamicLossScaler.update_scale``)::
+
+    Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.
+
+(``[rank0]:`` before it under torchrun-style launchers). It is read only after ``Exception: ``
+(the traceback may also show the source line that raises it) and becomes an ``overflow`` event
+of variant ``min_scale_exit``: the shipped ``LossScaleCollapse`` rule pages on it with no earlier
+back-off seen. The static scaler's ``[deepspeed] OVERFLOW! Skipping step. Gradients are
+non-finite, weights were not updated.`` (a WARNING, shown by default) is an overflow event too.
 """
 
 from __future__ import annotations
@@ -20,13 +32,15 @@ _RE = re.compile(
     rf"|Grad overflow on iteration:?\s*(?P<git>\d+)"
     rf"|(?P<dir>Reducing|Increasing) dynamic loss scale from (?P<fa>{FLOAT}) to (?P<fb>{FLOAT})"
     rf"|\bstep=(?P<step>\d+), skipped=(?P<skipped>\d+)(?:, lr=\[(?P<lr>[^\],]*))?"
+    r"|Exception: (?P<minexit>Current loss scale already at minimum - cannot decrease scale anymore)"
+    r"|OVERFLOW! (?P<static>Skipping step\. Gradients are non-finite)"
 )
 
 
 class DeepSpeedParser(Parser):
     name = "deepspeed"
     priority = 20
-    keywords = ("loss scale", "step=", "Grad overflow")
+    keywords = ("loss scale", "step=", "Grad overflow", "OVERFLOW!")
 
     def parse(self, block: Block) -> list[Record]:
         out: list[Record] = []
@@ -50,6 +64,10 @@ class DeepSpeedParser(Parser):
             elif g["git"] is not None:
                 rec.step = to_step(g["git"])
                 rec.add(OVERFLOW, 1.0)
+            elif g["minexit"] is not None:
+                rec.add(OVERFLOW, 1.0, variant="min_scale_exit")
+            elif g["static"] is not None:
+                rec.add(OVERFLOW, 1.0, variant="static")
             elif g["dir"] is not None:
                 a, b = to_float(g["fa"]), to_float(g["fb"])
                 rec.add(LOSS_SCALE, b, frm=a)

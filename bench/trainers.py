@@ -1,0 +1,234 @@
+"""``trainers``: the canary for the next trainer release. Does the agent still read what today's
+trainers write, and page where a run goes NaN?
+
+Installs the newest transformers (and the newest 4.57.x), Lightning (with and without ``rich``)
+and DeepSpeed, each in a cached venv with CPU torch (bench/trainer_runs.py), trains a tiny model
+per trainer with a NaN planted at step 30 and without, while the real daemon
+(``precision-agent run --watch ROOT``) follows the run folders as a user's would; then runs
+``precision-agent replay --json`` on every source each run wrote (``train.log``, TensorBoard event
+files, Lightning's ``metrics.csv``). It prints trainer × source × (records, first non-finite
+step, first page step, seconds from the fault to the daemon's page) and fails (``ok`` false, exit 1
+from ``python -m bench.trainers``) when a faulty source does not page at the expected step or a
+healthy one pages. A trainer that does not install or start (DeepSpeed on a host without a
+compiler) is reported as skipped with its reason. Not part of ``make bench``: it downloads; the
+test ``tests/benchmarks/test_trainers_canary.py`` runs it in CI.
+
+Steps: a source that prints steps (event files, CSV) must page at ``Run.expect_page``; HF's stdout
+dicts carry no step, so the n-th training dict of ``train.log`` is step n × ``logging_steps``
+(what HF does); Lightning's progress bar has no step (tqdm frames; rich writes only its last
+frame): its stdout must page, at whatever line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import common
+from .trainer_runs import CACHE, PINNED, SERIES, Run, ensure_venv, newest, runs_for, train
+
+SOURCES = ("train.log", "events.out.tfevents.*", "metrics.csv")
+
+
+def versions(pinned: bool) -> list[tuple[str, str]]:
+    out = []
+    for trainer, prefixes in SERIES.items():
+        for prefix, pin in zip(prefixes, PINNED[trainer]):
+            out.append((trainer, pin if pinned else (newest(trainer, prefix) or pin)))
+    return out
+
+
+def sources(run_dir: Path) -> list[Path]:
+    found = []
+    for pattern in SOURCES:
+        found += sorted(p for p in run_dir.rglob(pattern) if p.is_file())
+    return found
+
+
+def replay(path: Path) -> tuple[dict[str, Any] | None, int]:
+    proc = subprocess.run([sys.executable, "-m", "precision_agent", "replay", "--json", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    try:
+        return json.loads(proc.stdout), proc.returncode
+    except ValueError:
+        return None, proc.returncode
+
+
+def hf_step_of_line(log: Path, line: int, logging_steps: int) -> int | None:
+    """The step of the HF training dict on ``line``: HF logs every ``logging_steps`` steps, so the
+    n-th ``{'loss': ...}`` dict is step n × logging_steps (its own ordinal, not the agent's reading)."""
+    n = 0
+    for i, text in enumerate(log.read_bytes().decode(errors="replace").split("\n"), 1):  # \r frames stay put
+        n += text.count("{'loss'")
+        if i == line:
+            return n * logging_steps if "{'loss'" in text else None
+    return None
+
+
+def page_step(run: Run, src: Path, step: int | None, line: int | None) -> int | None:
+    if step is None and line is not None and src.name == "train.log" and run.trainer == "transformers":
+        return hf_step_of_line(src, line, run.logging_steps)
+    return step
+
+
+def judge(run: Run, src: Path, rep: dict[str, Any] | None, daemon_page: dict[str, Any] | None = None,
+          fault_at: float | None = None, daemon: bool = True) -> dict[str, Any]:
+    """One row of the table: what replay (and, with ``daemon``, the daemon) made of one source."""
+    row: dict[str, Any] = {"trainer": run.name, "variant": run.variant, "source": src.name,
+                           "records": rep["records"] if rep else None, "first_nonfinite": None,
+                           "page_step": None, "daemon_page_step": None, "seconds_to_page": None}
+    if rep is None:
+        row["ok"], row["why"] = False, "replay gave no JSON"
+        return row
+    if rep["nonfinite"]:
+        first = rep["nonfinite"][0]
+        row["first_nonfinite"] = page_step(run, src, first["step"], first["line"])
+    pages = [f for f in rep["findings"] if f["severity"] in ("page", "critical")]
+    if pages:
+        row["page_step"] = page_step(run, src, pages[0]["step"], pages[0]["line"])
+        row["page_rule"] = pages[0]["rule"]
+    if daemon_page is not None:
+        ev = daemon_page["evidence"]
+        row["daemon_page_step"] = page_step(run, src, ev.get("step"), (ev.get("source") or {}).get("line"))
+        if fault_at is not None:
+            row["seconds_to_page"] = round(daemon_page["_seen"] - fault_at, 2)
+    # Lightning's progress bar prints no step; a run whose expect_page is None must page, at any step
+    stepless = (src.name == "train.log" and run.trainer == "lightning") or run.expect_page is None
+    if not run.fault:
+        row["ok"] = not pages and daemon_page is None
+        row["why"] = "" if row["ok"] else "a healthy run paged"
+    elif stepless:
+        row["ok"] = bool(pages) and (daemon_page is not None or not daemon)
+        row["why"] = "" if row["ok"] else "no page (replay or daemon)"
+    else:
+        row["ok"] = row["page_step"] == run.expect_page and (row["daemon_page_step"] == run.expect_page or not daemon)
+        row["why"] = "" if row["ok"] else f"expected a page at step {run.expect_page} in replay and daemon"
+    if rep["records"] == 0:
+        row["why"] = (row["why"] + "; 0 records").lstrip("; ")
+    return row
+
+
+def _daemon_pages(agent: common.AgentProcess, seen: dict[str, dict[str, Any]]) -> None:
+    """First page alert per source file, stamped with when it was first seen."""
+    status, body = common.http_get(agent.port, "/api/v1/alerts")
+    if status != 200:
+        return
+    for a in json.loads(body)["data"]["alerts"]:
+        path = ((a.get("evidence") or {}).get("source") or {}).get("path")
+        if path and a["labels"].get("severity") in ("page", "critical") and path not in seen:
+            seen[path] = {**a, "_seen": time.time()}
+
+
+def run_one(run: Run, root: Path, timeout: float) -> list[dict[str, Any]]:
+    """One run, followed by its own daemon watching its folder (runs are told apart by folder;
+    every run's stdout is a ``train.log``)."""
+    out = root / run.name / run.variant
+    out.mkdir(parents=True, exist_ok=True)
+    seen: dict[str, dict[str, Any]] = {}
+    with common.AgentProcess(out) as agent:
+        return _follow(run, out, agent, seen, timeout)
+
+
+def _follow(run: Run, out: Path, agent: common.AgentProcess, seen: dict[str, dict[str, Any]],
+            timeout: float) -> list[dict[str, Any]]:
+    proc = train(run, out)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        _daemon_pages(agent, seen)
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    settle = time.monotonic() + 10  # the daemon's last reads (debounce, resync) after the trainer's end
+    while time.monotonic() < settle:
+        _daemon_pages(agent, seen)
+        time.sleep(0.2)
+    fault_file = out / "fault_at"
+    fault_at = float(fault_file.read_text()) if fault_file.exists() else None
+    rows = []
+    for src in sources(out):
+        rep, _rc = replay(src)
+        rows.append(judge(run, src, rep, seen.get(str(src)) or seen.get(str(src.resolve())), fault_at)
+                    | {"exit": proc.returncode})
+    if not rows:
+        rows.append({"trainer": run.name, "variant": run.variant, "source": "-", "ok": False,
+                     "why": f"the trainer wrote nothing (exit {proc.returncode}); see {out / 'train.log'}"})
+    return rows
+
+
+def run_canary(pinned: bool = False, only: list[str] | None = None, root: Path | None = None,
+               timeout: float = 600) -> dict[str, Any]:
+    tmp = None if root is not None else tempfile.TemporaryDirectory(prefix="precision-agent-trainers-")
+    root = root or Path(tmp.name)  # type: ignore[union-attr]
+    root.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, str]] = []
+    try:
+        for trainer, version in versions(pinned):
+            for run in runs_for(trainer, version):
+                if only and trainer not in only and run.name not in only:
+                    continue
+                try:
+                    ensure_venv(run, CACHE / f"{run.name}.install.log")
+                except Exception as exc:  # noqa: BLE001 - reported, the other trainers go on
+                    skipped.append({"trainer": run.name, "why": f"does not install: {exc}"})
+                    break
+                got = run_one(run, root, timeout)
+                if trainer == "deepspeed" and any(r.get("exit") for r in got):
+                    # it installs but cannot run here (its CPU ops build with a C++ compiler and ninja)
+                    skipped.append({"trainer": run.name, "why": f"does not run: see {root / run.name / run.variant}"})
+                    break
+                rows += got
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return {"bench": "trainers", "host": common.host_info(), "rows": rows, "skipped": skipped,
+            "ok": bool(rows) and all(r["ok"] for r in rows)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pinned", action="store_true", help="the fixtures' versions instead of the newest releases")
+    p.add_argument("--only", action="append", help="a trainer (transformers, lightning, deepspeed) or run name")
+    p.add_argument("--root", type=Path, default=None, help="keep the runs here (default: a tmp dir, removed)")
+
+
+def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return run_canary(pinned=args.pinned, only=args.only, root=args.root)
+
+
+def report(res: dict[str, Any]) -> str:
+    head = ("trainer", "variant", "source", "records", "first non-finite", "page step", "daemon page",
+            "s to page", "ok")
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in res["rows"]:
+        cells = [r.get("trainer"), r.get("variant"), r.get("source"), r.get("records"), r.get("first_nonfinite"),
+                 r.get("page_step"), r.get("daemon_page_step"), r.get("seconds_to_page"),
+                 "ok" if r.get("ok") else f"FAIL: {r.get('why')}"]
+        lines.append(" | ".join("-" if c is None else str(c) for c in cells))
+    for s in res["skipped"]:
+        lines.append(f"{s['trainer']}: skipped: {s['why']}")
+    lines.append("canary: " + ("all sources as expected" if res["ok"] else "FAILED"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.trainers", description=__doc__.split("\n")[0])
+    p.add_argument("--results-dir", type=Path, default=None)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    res = run_from_args(args)
+    path = common.write_result("trainers", res, args.results_dir)
+    print(report(res))
+    print(f"  (written to {path})")
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

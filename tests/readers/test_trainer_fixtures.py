@@ -1,0 +1,50 @@
+"""`replay --json` on the committed output of real trainers (tests/fixtures/trainers, made by its
+make.py with the real libraries): every faulty run pages at the step its NaN was planted at (the
+first logged step that shows it, ``expect_page`` in its run.json), no healthy run pages. The rows
+are judged as the trainers canary judges them (bench/trainers.py, ``judge``)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from precision_agent.config.agent import Watch
+from support.commands import replay_json
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # bench/ is a top-level package of the repo, not installed
+    sys.path.insert(0, str(ROOT))
+
+from bench.trainer_runs import Run  # noqa: E402
+from bench.trainers import judge, sources  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "trainers"
+RUNS = sorted(p.parent for p in FIXTURES.glob("*/*/run.json"))
+CASES = [(run, src) for run in RUNS for src in sources(run)]
+
+
+def read_by_default(name: str) -> bool:
+    """Whether a log watch follows such a file by default (the metric-file readers add event
+    files and metrics.csv to the default include patterns)."""
+    return any(fnmatch.fnmatch(name, pat) for pat in Watch(path="/x").patterns)
+
+
+def test_every_trainer_and_variant_is_there():
+    names = {(r.parent.name.split("-")[0], r.name) for r in RUNS}
+    for trainer in ("transformers", "lightning"):
+        assert {(trainer, "healthy"), (trainer, "nan")} <= names
+    assert len({r.parent.name for r in RUNS if r.parent.name.startswith("transformers-")}) == 2  # 5.x and 4.x
+
+
+@pytest.mark.parametrize("run_dir,src", CASES, ids=[f"{r.parent.name}/{r.name}/{s.name[:22]}" for r, s in CASES])
+def test_fixture_source_pages_at_the_planted_step(run_dir, src):
+    if src.name != "train.log" and not read_by_default(src.name):
+        pytest.skip(f"{src.name}: no metric-file reader in this build")
+    run = Run(**json.loads((run_dir / "run.json").read_text()))
+    row = judge(run, src, replay_json(src), daemon=False)
+    assert row["records"] > 0, row
+    assert row["ok"], row
