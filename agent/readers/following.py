@@ -239,7 +239,7 @@ class Follower:
                 self.health.error("watch", "not following %s: limits.max_files=%d reached", path,
                                   self.config.limits.max_files)
             return None
-        labels = run_labels(path, watch.run_from, dict(watch.labels))
+        labels = run_labels(path, watch.run_from, dict(watch.labels), str(watch.path))
         try:
             stream = open_stream(path, labels, watch.format, self.offsets.get(path),
                                  start_at_end=watch.start_at_end and path not in self.offsets,

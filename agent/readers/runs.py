@@ -38,10 +38,7 @@ _UNSAFE_RE = re.compile(r"[^A-Za-z0-9_.:-]+")
 
 def _bounded(name: str) -> str:
     name = _UNSAFE_RE.sub("_", name).strip("_.-") or "log"
-    if len(name) <= MAX_RUN_LEN:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[:MAX_RUN_LEN - 9]}~{digest}"
+    return _bounded_path(name)
 
 
 def file_run(path: str) -> tuple[str, str | None]:
@@ -78,8 +75,33 @@ def folder_run(path: str) -> str:
     return _bounded(name)
 
 
-def run_labels(path: str, run_from: str, labels: dict[str, str]) -> dict[str, str]:
-    """The labels a followed file's series carry: the watch's, plus ``run`` (and a file's rank)."""
+def _in_folder(run: str, path: str, root: str | None) -> str:
+    """``run`` of a file below the watched folder ``root`` (not directly in it), prefixed with its
+    folders there: ``job1/train.log`` and ``job2/train.log`` are two runs (``job1/train``,
+    ``job2/train``), and ``job1/rank0.log`` is rank 0 of run ``job1``. A file directly in the
+    watched folder keeps its own name."""
+    if root is None:
+        return run
+    folder, top = os.path.dirname(os.path.abspath(path)), os.path.abspath(root)
+    if folder == top or not folder.startswith(top.rstrip(os.sep) + os.sep):
+        return run
+    parts = [_UNSAFE_RE.sub("_", p).strip("_.-") or "_" for p in os.path.relpath(folder, top).split(os.sep)]
+    if run != "rank":   # "rank": the name was nothing but its rank token
+        parts.append(run)
+    return _bounded_path("/".join(parts))
+
+
+def _bounded_path(name: str) -> str:
+    if len(name) <= MAX_RUN_LEN:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:MAX_RUN_LEN - 9]}~{digest}"
+
+
+def run_labels(path: str, run_from: str, labels: dict[str, str], root: str | None = None) -> dict[str, str]:
+    """The labels a followed file's series carry: the watch's, plus ``run`` (and a file's rank).
+    ``root``: the watched folder (a file in a sub-folder of it is named with that folder, so that
+    runs laid out one folder each, all writing ``train.log``, stay apart)."""
     out = dict(labels)
     if run_from == "label" or "run" in out:
         return out
@@ -90,7 +112,7 @@ def run_labels(path: str, run_from: str, labels: dict[str, str]) -> dict[str, st
         out["run"] = folder_run(path)
         return out
     run, rank = file_run(path)
-    out["run"] = run
+    out["run"] = _in_folder(run, path, root)
     if rank is not None and "rank" not in out:
         out["rank"] = rank
     return out

@@ -128,3 +128,23 @@ def test_real_logs_of_two_runs_in_one_folder(dirs):
         assert not [a for a in agent.alerts() if a["labels"].get("run") == "job-b"]
     finally:
         agent.stop()
+
+
+def test_runs_in_their_own_folders_all_writing_train_log_are_two_series(dirs):
+    """The common layout ``out/<job>/train.log``: each folder is its own run (``job-a/train``,
+    ``job-b/train``), so one job's healthy lines never resolve or merge into the other's page."""
+    logs, state = dirs
+    (logs / "job-a").mkdir()
+    (logs / "job-b").mkdir()
+    agent = AgentProcess(logs, state).start()
+    try:
+        write_megatron(logs / "job-a" / "train.log", 1, 20, scale="65536.0")
+        write_megatron(logs / "job-a" / "train.log", 21, 25, scale="1.0")
+        wait_for(lambda: firing(agent, "LossScaleAtFloor", run="job-a/train"), what="job a pages")
+        write_megatron(logs / "job-b" / "train.log", 1, 30, scale="65536.0")
+        wait_for(lambda: agent.metric("precision_agent_training_step", run="job-b/train") == 30, what="job b read")
+        assert agent.metric("precision_agent_training_step", run="job-a/train") == 25
+        assert firing(agent, "LossScaleAtFloor", run="job-a/train"), "job b's lines resolved job a's page"
+        assert not [a for a in agent.alerts() if a["labels"].get("run") == "job-b/train"]
+    finally:
+        agent.stop()

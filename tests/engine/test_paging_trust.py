@@ -575,3 +575,14 @@ def test_dump_run_names(unit, run):
     assert dump_run_labels(unit, "/w", "file", {"job": "j"}) == {"job": "j", "run": run}
     assert dump_run_labels(unit, "/w", "label", {"job": "j"}) == {"job": "j"}
     assert dump_run_labels(unit, "/w", "file", {"run": "mine"}) == {"run": "mine"}
+
+
+def test_run_of_a_file_in_a_sub_folder_of_the_watch_is_named_with_its_folders():
+    assert run_labels("/w/job1/train.log", "file", {}, "/w") == {"run": "job1/train"}
+    assert run_labels("/w/job2/train.log", "file", {}, "/w") == {"run": "job2/train"}
+    assert run_labels("/w/train.log", "file", {}, "/w") == {"run": "train"}
+    assert run_labels("/w/j/rank3.log", "file", {}, "/w") == {"run": "j", "rank": "3"}
+    assert run_labels("/w/a b/c/train_rank2.log.1", "file", {}, "/w") == {"run": "a_b/c/train", "rank": "2"}
+    assert run_labels("/w/j/train.log", "file", {"run": "mine"}, "/w") == {"run": "mine"}
+    long = run_labels("/w/" + "d" * 80 + "/t.log", "file", {}, "/w")["run"]
+    assert len(long) <= 64 and long != run_labels("/w/" + "d" * 80 + "/u.log", "file", {}, "/w")["run"]
