@@ -96,6 +96,7 @@ DEFAULT_FUNCTIONS: dict[str, str] = {
 # The defaults above are ours (some need lookaround, which RE2 lacks) and run on ``re``; a list a
 # rule file gives is the user's and runs on RE2, linear in the tensor name whatever it holds.
 _BUILTIN = frozenset((*DEFAULT_EXCLUDE, *DEFAULT_GRADIENT, *DEFAULT_WEIGHT, *DEFAULT_BIAS, *DEFAULT_ACTIVATION,
+                      *DEFAULT_NOT_ACTIVATION,
                       *DEFAULT_FUNCTIONS.values()))
 
 
