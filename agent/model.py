@@ -39,6 +39,10 @@ HINT_METRICS = frozenset({PRECISION, TRAINING_END})
 # The reader's own health (agent/readers/yields.py): judged by rules, kept in no training series
 LOG_UNRECOGNIZED = "log_unrecognized"  # a followed file grows but yields no record (1), or records again (0)
 READER_METRICS = frozenset({LOG_UNRECOGNIZED})
+# Faults of the host's devices (agent/readers/parsers/kernel.py): judged by rules, kept in no training series
+HW_FAULT = "hw_fault"          # one driver fault in the kernel log (attrs: device, code, class, meaning, ...)
+HOST_METRICS = frozenset({HW_FAULT})
+UNSERIED_METRICS = READER_METRICS | HOST_METRICS  # samples the pipeline judges without keeping a series
 
 TRAINING_METRICS = (LOSS, EVAL_LOSS, GRAD_NORM, LOSS_SCALE, LEARNING_RATE)
 

@@ -20,6 +20,8 @@ from typing import Any, Callable
 from ..model import NONFINITE_MESSAGE, OVERFLOW, Sample
 from ..engine.pipeline import Pipeline
 from ..readers.filecursor import MetricFileStream
+from ..readers.faultcodes import current_codes
+from ..readers.logstream import LogStream
 from ..readers.metricmap import current_map
 from ..readers.streams import open_stream
 from ..engine.rulefile import RuleSet
@@ -76,7 +78,9 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
         "records": stream.stats.records,
         # no training record at all: the agent would be blind to this file (the daemon's
         # LogFormatUnrecognized); its last lines tell what it holds
-        "unrecognized": None if stream.stats.records else {"sample": stream.sample_lines()},
+        # (a kernel log read as such is never blind for holding no fault: Parser.sparse)
+        "unrecognized": None if stream.stats.records or (isinstance(stream, LogStream) and stream.parser.sparse)
+        else {"sample": stream.sample_lines()},
         "steps": _steps(series),
         "loss_scale": _loss_scale(series),
         "overflow_steps": sum(s.overflow_steps for s in series),
@@ -95,7 +99,8 @@ def _warnings(stream: Any) -> list[str]:
     """What the structured readers say once per cause (damaged records, with how many were not
     read), and a broken user map."""
     if not isinstance(stream, MetricFileStream):
-        return []
+        why = current_codes()[1]
+        return [f"fault codes: {why}"] if why else []
     why = current_map()[1]
     out = [f"metric map: {why}"] if why else []
     if stream.stats.skipped:

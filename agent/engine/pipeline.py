@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Protocol
 from .alerts import AlertBook
 from ..detectors import Clear, Detector, Hit
 from ..detectors.base import slots_of
-from ..model import HINT_METRICS, READER_METRICS, Alert, Finding, Labels, Sample
+from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample
 from .rulefile import Rule, RuleSet
 from ..series.state import SeriesState
 
@@ -189,7 +189,7 @@ class Pipeline:
                 if sample.metric in HINT_METRICS:
                     self._hint(sample)
                     continue
-                if sample.metric in READER_METRICS:  # the reader's own health: judged, no series kept
+                if sample.metric in UNSERIED_METRICS:  # reader health, host faults: judged, no series kept
                     series, accepted_samples = SeriesState(sample.labels), [sample]
                 else:
                     series = self.series_for(sample.labels)

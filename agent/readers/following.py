@@ -19,6 +19,7 @@ from ..sources.watcher import walk, watch_for
 from .filecursor import MetricFileStream
 from .logstream import LogStream
 from .parsers import UnknownFormat
+from .faultcodes import current_codes
 from .metricmap import current_map
 from .runs import run_labels
 from .streams import open_stream
@@ -196,6 +197,9 @@ class Follower:
     def _judge_yield(self, path: str, stream: LogStream) -> None:
         """Units read against records yielded (yields.py): a verdict sample when blind or fed again.
         Any reader takes part: its stats' ``lines`` (units) and ``records``, less its ``chatter``."""
+        parser = getattr(stream, "parser", None)
+        if parser is not None and parser.sparse:  # a kernel log: its faults are rare, by nature
+            return
         st = stream.stats
         verdicts = self.yields.update(path, stream.base_labels, st.lines - getattr(st, "chatter", 0), st.records,
                                       time.time(), getattr(stream, "sample_lines", list))
@@ -253,6 +257,9 @@ class Follower:
         if isinstance(stream, MetricFileStream) and (why := current_map()[1]) and why not in self._map_errors:
             self._map_errors.add(why)  # once per error, not per file: the shipped map stays in force
             self.health.error("config", "metric map: %s", why)
+        if isinstance(stream, LogStream) and (why := current_codes()[1]) and why not in self._map_errors:
+            self._map_errors.add(why)  # the same for the fault-code catalogue the kernel format reads
+            self.health.error("config", "fault codes: %s", why)
         log.info("following %s", path)
         return stream
 

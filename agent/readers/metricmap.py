@@ -42,11 +42,17 @@ def _names(value: object, where: str) -> list[str]:
     return [n.strip().lower() for n in value]
 
 
-def _load(path: Path) -> tuple[dict[str, list[str]], list[str], list[str]]:
+def read_yaml(path: Path, error: type[ValueError] = MapError, max_bytes: int = MAX_MAP_BYTES) -> object:
+    """The YAML document of a shipped or user data file (this map, the fault-code catalogue);
+    ``error`` with the file and the reason when it cannot be read."""
     try:
-        doc = yaml.safe_load(read_regular(path, MAX_MAP_BYTES).decode("utf-8"))
+        return yaml.safe_load(read_regular(path, max_bytes).decode("utf-8"))
     except (OSError, FileTooBig, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise MapError(f"{path}: {exc}") from None
+        raise error(f"{path}: {exc}") from None
+
+
+def _load(path: Path) -> tuple[dict[str, list[str]], list[str], list[str]]:
+    doc = read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("metrics", {}), dict):
         raise MapError(f"{path}: expected a mapping with a mapping 'metrics' (metric: [names])")
     metrics: dict[str, list[str]] = {}

@@ -635,7 +635,7 @@ def test_shipped_rules_cover_every_kind():
     conditions = {r.detector.params.condition for r in rs.rules if r.spec.kind == "loss_scale"}
     assert conditions == {"floor", "collapse", "decreases", "overflow_ratio", "jump"}
     paging = {r.name for r in rs.rules if r.severity in ("page", "critical")}
-    assert paging == {"TrainingNonFinite", "LossScaleAtFloor", "LossScaleCollapse", "DumpNonFinite"}
+    assert paging == {"TrainingNonFinite", "LossScaleAtFloor", "LossScaleCollapse", "DumpNonFinite", "GpuHardwareFault"}
     for r in rs.rules:
         assert {"summary", "description", "runbook_url"} <= set(r.spec.annotations), r.name
 

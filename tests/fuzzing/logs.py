@@ -215,8 +215,50 @@ def _run_stream(payload: tuple[bytes, int, int, int, bool], work: Path) -> None:
             raise AssertionError("reading with reopens gave other samples than reading in one go")
 
 
+# The kernel log (``format: kernel``): real Xid lines (tests/fixtures/kernel/README.md) in syslog,
+# dmesg, /dev/kmsg and journal shapes, and the bait its regex must stay linear on.
+KERNEL_SEEDS = [
+    "May 18 19:02:39 gpu-node-a kernel: [ 8721.061820] NVRM: Xid (PCI:0000:2b:00): 79, GPU has fallen off the bus.",
+    "May 18 19:02:40 gpu-node-a kernel: NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for "
+    "remapping, reset gpu to activate.",
+    "[Fri Aug 30 11:43:09 2024] NVRM: Xid (PCI:0000:cb:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp "
+    "Exception on (GPC 7, TPC 7, SM 0): Illegal Instruction Parameter",
+    "[ 1204.123584] NVRM: Xid (PCI:0000:01:00): 13, Graphics SM Warp Exception on (GPC 2, TPC 0, SM 0): Illegal "
+    "Instruction Encoding",
+    "4,1894,8721061820,-;NVRM: Xid (PCI:0000:9b:00): 94, pid=1234, name=python3, Contained ECC error",
+    "2026-05-18T07:14:51+0000 gpu-node-b kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, "
+    "Ch 00000001 caused by previous Xid 149",
+    "Jan 18 11:38:05 localhost kernel: [  269.517039] NVRM: Xid (0000:01:00): 3, C 00000005 SC 00000007 M 00001ffc",
+    "MESSAGE=NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error (DBE) has been detected on GPU",
+]
+KERNEL_BAIT = ["NVRM: Xid (", "PCI:", "0000:", "3b:00", "): ", "79", ", ", "pid=", "name=", "'<unknown>'", "(",
+               ")", ":", "9" * 30, "\t"]
+
+
+def _make_kernel(rng: random.Random) -> tuple[str, str]:
+    if rng.random() < 0.7:
+        return make_block(rng, KERNEL_SEEDS), pick(rng, ["kernel", "auto"])
+    parts = [pick(rng, KERNEL_BAIT) for _ in range(rng.randint(1, 5))]
+    line = "".join(parts) * rng.choice((10, 1000, 20000))   # a hostile line: the scan must stay linear
+    return (pick(rng, KERNEL_SEEDS) + " " + line)[: mutate.TEXT_MAX * 2] + "\n", pick(rng, ["kernel", "auto"])
+
+
+def _run_kernel(payload: tuple[str, str], work: Path) -> None:
+    text, fmt = payload
+    parser = CompositeParser(fmt)
+    records = parser.parse(Block(text, 1))
+    _check_records(parser, records)
+    for rec in records:
+        for metric, _value, attrs in rec.values:
+            a = dict(attrs)
+            if metric == "hw_fault" and (a.get("class") not in ("hardware", "application", "unknown")
+                                         or not isinstance(a.get("code"), int) or len(a.get("message", "")) > 240):
+                raise AssertionError(f"bad fault {a!r}")
+
+
 TARGETS = [
     Target("log_lines", _make_parse, _run_parse, (UnknownFormat,)),
+    Target("kernel_lines", _make_kernel, _run_kernel),
     Target("hints", _make_hints, _run_hints),
     Target("logstream", _make_stream, _run_stream),
 ]

@@ -74,6 +74,11 @@ class CompositeParser:
         self.hint_records = 0  # records of hint parsers in the last parse (no training records)
 
     @property
+    def sparse(self) -> bool:
+        """Whether this file is read as a sparse format alone (``Parser.sparse``): no blindness verdict."""
+        return self.fixed and all(p.sparse for p in self.parsers if not p.hint)
+
+    @property
     def no_copies(self) -> frozenset[str]:
         """Producers whose identical lines are genuine repeats (``Parser.copies`` False)."""
         return _no_copies(self.parsers)

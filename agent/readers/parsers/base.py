@@ -239,6 +239,9 @@ class Parser(abc.ABC):
     # True for readers of run-wide facts (parsers/hints.py) that run beside every format: they are
     # no format of their own and do not count when the file's format is decided
     hint: ClassVar[bool] = False
+    # True for formats whose files legitimately go long without a record (a kernel log holds a fault
+    # now and then among its other lines): a file read as such a format alone is never judged blind
+    sparse: ClassVar[bool] = False
 
     def record(self, block: Block, pos: int, step: int | None = None) -> Record:
         """A record for a match starting at ``pos``: line, timestamp and rank looked up once."""

@@ -1,0 +1,126 @@
+"""The ``kernel`` log format: NVIDIA Xid lines of real kernel logs (tests/fixtures/kernel, with their
+sources) in every shape the kernel log comes in, their meaning and class from the fault-code
+catalogue (extendable by a user file), and no false detection in training logs."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, corpus_path
+from precision_agent.model import HW_FAULT
+from precision_agent.readers import faultcodes
+from precision_agent.readers.logstream import LogStream
+from precision_agent.readers.parsers import Block, CompositeParser
+
+FIXTURES = REPO / "tests" / "fixtures" / "kernel"
+
+
+def faults(text: str, fmt: str = "kernel") -> list[dict]:
+    parser = CompositeParser(fmt)
+    out = []
+    for rec in parser.parse(Block(text)):
+        for metric, value, attrs in rec.values:
+            if metric == HW_FAULT:
+                assert value == 1.0 and rec.step is None and rec.rank is None
+                out.append({"line": rec.line, "time": rec.log_time, **dict(attrs)})
+    assert not parser.errors
+    return out
+
+
+def test_syslog_kern_log_hardware_and_application_xids():
+    got = faults((FIXTURES / "kern.log").read_text())
+    assert [(f["line"], f["device"], f["code"], f["class"]) for f in got] == [
+        (4, "0000:2b:00", 79, "hardware"), (7, "0000:10:1c", 63, "hardware"), (8, "0000:3b:00", 48, "hardware"),
+        (9, "0000:41:00", 13, "application"), (10, "0000:41:00", 13, "application"),
+        (12, "0000:01:00", 3, "unknown")]   # the older driver's form, without "PCI:"
+    assert got[0]["meaning"] == "GPU has fallen off the bus" and got[0]["message"] == "GPU has fallen off the bus."
+    assert got[1]["pid"] == 1896 and got[1]["message"].startswith("Row Remapper: New row marked for remapping")
+    assert "DBE" in got[2]["meaning"] and "partition 0" in got[2]["message"]
+    assert got[5]["meaning"] == "Xid 3 (not in the fault-code catalogue)"
+    # the neighbouring "GPU at PCI:..." and "GPU ... has fallen off the bus." lines are no second fault
+    assert len(got) == 6
+
+
+def test_dmesg_kmsg_and_journal_shapes():
+    dmesg = faults((FIXTURES / "dmesg.txt").read_text())
+    assert [(f["code"], f["class"]) for f in dmesg] == [(13, "application")] * 2 + [(109, "unknown")] + \
+        [(13, "application")] * 2
+    assert "pid" not in dmesg[0] and "process" not in dmesg[0]   # pid='<unknown>', name=<unknown>
+    assert dmesg[2]["pid"] == 1797828 and dmesg[2]["process"] == "pt_main_thread"
+    assert dmesg[2]["message"].startswith("Ch 00000008, errorString CTX SWITCH TIMEOUT")
+    kmsg = faults((FIXTURES / "kmsg.txt").read_text())
+    assert [(f["device"], f["code"], f["class"]) for f in kmsg] == [
+        ("0000:9b:00", 94, "hardware"), ("0019:01:00", 149, "unknown"), ("0018:01:00", 145, "unknown")]
+    assert kmsg[0]["process"] == "python3" and kmsg[0]["message"] == "Contained ECC error"
+    journal = faults((FIXTURES / "journal-short-iso.txt").read_text())
+    assert [(f["device"], f["code"], f["class"]) for f in journal] == [
+        ("0000:dc:00", 45, "application"), ("0000:ed:00", 45, "application")]
+    assert journal[0]["time"] == 1779088491.0   # 2026-05-18T07:14:51+0000
+    export = faults("MESSAGE=NVRM: Xid (PCI:0000:3b:00): 95, pid=7, name=python, Uncontained: FBHUB.\n")
+    assert [(f["code"], f["class"], f["message"]) for f in export] == [(95, "hardware", "Uncontained: FBHUB.")]
+
+
+def test_auto_detects_only_the_unmistakable_shape():
+    text = (FIXTURES / "kern.log").read_text()
+    parser = CompositeParser("auto")
+    parser.parse(Block(text))
+    assert parser.format == "kernel"
+    # prose about Xids, or an "Xid" in a training line, is no fault
+    for line in ("Xid 79 means the GPU has fallen off the bus\n", "step 10 | loss 2.5 | Xid (PCI): 79\n",
+                 "NVRM: Xid (PCI:nothex): 79, x\n", "iteration 5/10 | lm loss: 2.5 | NVRM: Xid list empty\n"):
+        assert faults(line, "auto") == []
+
+
+def test_kernel_format_reads_nothing_else():
+    megatron = " iteration        1/      15 | lm loss: 1.048190E+01 | loss scale: 1.0 | grad norm: 3.2 |\n"
+    parser = CompositeParser("kernel")
+    assert [m for r in parser.parse(Block(megatron)) for m, _, _ in r.values] == []
+    assert parser.sparse and not CompositeParser("auto").sparse and not CompositeParser("megatron").sparse
+
+
+def test_users_extend_the_catalogue_and_a_broken_file_keeps_the_shipped_one(tmp_path, monkeypatch):
+    extra = tmp_path / "codes.yml"
+    extra.write_text("nvidia_xid:\n  - {code: 149, meaning: NVLink NETIR error, class: hardware, source: ours}\n"
+                     "  - {code: 13, meaning: our own words, class: unknown}\n")
+    monkeypatch.setenv(faultcodes.ENV_EXTRA, str(extra))
+    line = "NVRM: Xid (PCI:0019:01:00): 149, NETIR Fatal XC0 i0 Link -1 (0x000fe406)\n"
+    assert [(f["class"], f["meaning"]) for f in faults(line)] == [("hardware", "NVLink NETIR error")]
+    assert faults("NVRM: Xid (PCI:0000:41:00): 13, Graphics Exception\n")[0]["class"] == "unknown"  # ours win
+    assert faults("NVRM: Xid (PCI:0000:41:00): 79, gone\n")[0]["class"] == "hardware"  # the shipped rest stays
+    extra.write_text("nvidia_xid:\n  - {code: 149, class: broken}\n")
+    faultcodes.fault_codes.cache_clear()
+    codes, why = faultcodes.current_codes()
+    assert why is not None and str(extra) in why and "class" in why
+    assert codes[("nvidia_xid", 79)].cls == "hardware"
+    assert faults(line)[0]["class"] == "unknown"
+
+
+def test_every_shipped_entry_names_its_source():
+    codes = faultcodes.fault_codes(None)
+    assert {c for (_, c), e in codes.items() if e.cls == "application"} == {13, 31, 43, 45}
+    assert {48, 63, 64, 74, 79, 92, 94, 95, 119, 120} <= {c for (_, c), e in codes.items() if e.cls == "hardware"}
+    assert all(e.source.startswith("https://docs.nvidia.com/") for e in codes.values())
+
+
+def test_a_kernel_log_followed_as_a_file(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text((FIXTURES / "kern.log").read_text())
+    stream = LogStream(str(log), {"host": "gpu-node-a"}, "kernel")
+    try:
+        samples = stream.poll(1 << 20) + stream.finish()
+    finally:
+        stream.close()
+    assert [(s.metric, s.source.line, s.attr("code")) for s in samples] == [
+        (HW_FAULT, 4, 79), (HW_FAULT, 7, 63), (HW_FAULT, 8, 48), (HW_FAULT, 9, 13), (HW_FAULT, 10, 13),
+        (HW_FAULT, 12, 3)]
+    assert all(s.labels == (("host", "gpu-node-a"),) and s.producer == "kernel" for s in samples)
+
+
+@pytest.mark.parametrize("name", ["megatron", "hf", "deepspeed"])
+def test_no_training_log_of_the_corpus_reads_as_kernel(name):
+    root = corpus_path()
+    logs = [p for p in sorted(root.rglob("*.log")) if name in str(p).lower()][:20]
+    if not logs:
+        pytest.skip(f"no {name} logs in the corpus")
+    for p in logs:
+        assert faults(p.read_text(errors="replace")[:2_000_000], "auto") == [], p
