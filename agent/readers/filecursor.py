@@ -123,11 +123,22 @@ class FileCursor:
         self.close()
         self._pending = None
         self.event(TailEvent.ROTATED, f"{self.path}: replaced by a new file; following it from 0")
-        return self._open()
+        try:
+            return self._open()
+        except OSError as exc:  # (NotRegularFile is one: a directory now under the name)
+            self.error(exc)
+            return False
 
     def pread(self, n: int, at: int) -> bytes:
-        assert self._fd is not None
-        return os.pread(self._fd, n, at)
+        """Up to ``n`` bytes at ``at``; an I/O error (EIO, ...) is said once and reads as nothing
+        (never an exception out of a poll): the readers then wait as at a torn record."""
+        if self._fd is None:
+            return b""
+        try:
+            return os.pread(self._fd, n, at)
+        except OSError as exc:
+            self.error(exc)
+            return b""
 
     def _open(self) -> bool:
         try:

@@ -112,6 +112,8 @@ class CsvStream(MetricFileStream):
         at, found = len(header), 0
         while found < rows_done and at < size:
             data = cur.pread(min(CHUNK, size - at), at)
+            if not data:
+                return False  # (an I/O error, said by the cursor)
             n = data.count(b"\n")
             if found + n < rows_done:
                 found, at = found + n, at + len(data)

@@ -196,7 +196,10 @@ class TfEventsStream(MetricFileStream):
             elif at + total <= end:
                 self._record(view, at, length, base + at, mmap, t, out)
             elif at == 0:  # longer than a chunk but within the limit: read it whole
-                self._record(as_view(cur.pread(total, base)), 0, length, base, mmap, t, out)
+                whole = cur.pread(total, base)
+                if len(whole) < total:
+                    break  # (an I/O error, said by the cursor: try again at the next poll)
+                self._record(as_view(whole), 0, length, base, mmap, t, out)
             else:
                 break  # the next chunk starts with it
             at += total

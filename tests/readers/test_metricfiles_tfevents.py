@@ -163,6 +163,20 @@ def test_a_replaced_file_is_read_from_its_start(tmp_path):
     assert again[0].step == 1
 
 
+@pytest.mark.parametrize("name", ["events.out.tfevents.1.host.1.0", "metrics.csv"])
+def test_a_file_replaced_by_a_directory_is_an_error_not_an_exception(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"".join(records(event_file("hf_ok"))[:10]) if name != "metrics.csv"
+                     else b"step,loss\n1,2.0\n")
+    s = open_stream(str(path))
+    assert s.poll(now=0.0)
+    os.replace(path, tmp_path / "old")
+    path.mkdir()  # (a directory is no regular file: safeio refuses it)
+    assert s.poll(now=0.0) == [] and s.poll(now=0.0) == []
+    events = s.tailer.drain_events()
+    assert [e for e, _ in events if e == TailEvent.ERROR] and "directory" in " ".join(m for _, m in events)
+
+
 def test_content_sniffing_and_names(tmp_path):
     renamed = tmp_path / "tb.bin"
     renamed.write_bytes(event_file("hf_ok").read_bytes())
