@@ -184,7 +184,29 @@ def test_content_sniffing_and_names(tmp_path):
     text.write_text("step 1 loss 2.0\n")
     assert file_kind(str(renamed)) == "tfevents" and file_kind(str(text)) == "text"
     assert file_kind(str(tmp_path / "metrics.csv")) == "csv"
-    assert file_kind(str(text), "tfevents") == "tfevents" and file_kind(str(renamed), "megatron") == "text"
+    assert file_kind(str(text), "tfevents") == "tfevents"
+
+
+@pytest.mark.parametrize("fmt", ["hf_trainer", "megatron", "custom"])
+def test_a_pinned_text_format_pins_text_logs_only(tmp_path, fmt):
+    """The default include picks up event files and metrics.csv beside the logs: a watch with
+    ``format: hf_trainer`` must not feed them to the HF text parser."""
+    renamed = tmp_path / "tb.bin"
+    renamed.write_bytes(event_file("hf_ok").read_bytes())
+    named = tmp_path / "events.out.tfevents.1.host.1.0"
+    named.write_bytes(event_file("hf_nan").read_bytes())
+    text = tmp_path / "train.log"
+    text.write_text("step 1 loss 2.0\n")
+    csv = tmp_path / "metrics.csv"
+    csv.write_bytes(b"step,loss\n1,nan\n")
+    kinds = {p.name: file_kind(str(p), fmt) for p in (renamed, named, text, csv, tmp_path / "table.csv")}
+    assert kinds == {"tb.bin": "tfevents", named.name: "tfevents", "train.log": "text", "metrics.csv": "csv",
+                     "table.csv": "text"}
+    pattern = r"step (?P<step>\d+) loss (?P<loss>\S+)" if fmt == "custom" else None
+    s = open_stream(str(named), fmt=fmt, pattern=pattern)
+    assert s.format == "tfevents" and math.isnan(series(s.finish(now=0.0), "loss")[HF_NAN_STEP])
+    s = open_stream(str(csv), fmt=fmt, pattern=pattern)
+    assert s.format == "csv" and math.isnan(s.finish(now=0.0)[0].value)
 
 
 def test_a_user_map_extends_the_shipped_one_and_a_broken_one_is_said(tmp_path, monkeypatch):
