@@ -189,11 +189,16 @@ class StreamErrors:
             self.errors.append(message)
 
 
+UNMAPPED_KEPT = 32  # tag or column names kept to say what a file holds when none is mapped
+
+
 class MetricFileStream:
     """The common half of a structured reader: labels, counts, samples; subclasses read records
-    (``_read(budget, final) -> list[Sample]``)."""
+    (``_read(budget, final) -> list[Sample]``) and note the names the metric map does not know in
+    ``unmapped``."""
 
     FORMAT = ""
+    NAMES = "names"  # what the reader's names are called (tags, columns)
 
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, position: TailPosition | None = None,
                  *, check_open: Callable[[str, int], None] | None = None, max_record_bytes: int = 1 << 20) -> None:
@@ -203,6 +208,8 @@ class MetricFileStream:
         self.parser = StreamErrors(self.FORMAT)
         self.stats = StreamStats()
         self.max_record = max_record_bytes
+        self.unmapped: dict[str, None] = {}
+        self.mapped_names: list[str] = []  # (CSV: the header's mapped columns)
 
     @property
     def format(self) -> str:
@@ -226,6 +233,18 @@ class MetricFileStream:
 
     def close(self) -> None:
         self.tailer.close()
+
+    def sample_lines(self) -> list[str]:
+        """What the file holds when no record of it was read (replay's and the follower's
+        "unrecognized" evidence): the tag or column names seen that the metric map does not name."""
+        if self.mapped_names:  # (a CSV header with a mapped column but no value yet)
+            return [f"{self.NAMES}: {', '.join(self.mapped_names)} mapped, but no value read yet"]
+        if not self.unmapped:
+            return []
+        names = ", ".join(list(self.unmapped)[:UNMAPPED_KEPT])
+        more = ", ..." if len(self.unmapped) >= UNMAPPED_KEPT else ""
+        return [f"{self.NAMES}: {names}{more} (none is mapped: extend PRECISION_AGENT_METRIC_MAP, "
+                "docs/metric-files.md)"]
 
     def skipped(self, cause: str, message: str, n: int = 1) -> None:
         """A record (or ``n``) not read: counted, and said once per cause."""

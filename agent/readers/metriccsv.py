@@ -21,7 +21,7 @@ import csv
 import time as _time
 
 from ..model import Sample
-from .filecursor import MetricFileStream
+from .filecursor import UNMAPPED_KEPT, MetricFileStream
 from .metricmap import current_map
 from .parsers.base import to_float, to_step
 from .tailer import TailEvent
@@ -40,6 +40,7 @@ def _cells(line: bytes) -> list[str] | None:
 
 class CsvStream(MetricFileStream):
     FORMAT = "csv"
+    NAMES = "columns"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -138,6 +139,9 @@ class CsvStream(MetricFileStream):
         mmap, _ = current_map()
         self._columns = [c.strip() for c in (_cells(header) or [])]
         self._map = [(i, m) for i, c in enumerate(self._columns) if (m := mmap.metric(c)) is not None]
+        mapped = {i for i, _ in self._map}
+        self.mapped_names = [self._columns[i][:64] for i in sorted(mapped)][:UNMAPPED_KEPT]
+        self.unmapped = dict.fromkeys(c[:64] for i, c in enumerate(self._columns[:UNMAPPED_KEPT]) if i not in mapped)
         lowered = [c.lower() for c in self._columns]
         self._step_col = next((lowered.index(c) for c in mmap.step_columns if c in lowered), None)
 

@@ -25,7 +25,7 @@ from typing import Any
 from ..model import Sample
 from ..protowire import WireError, as_view, decode_wire, read_varint
 from . import tfrecord
-from .filecursor import MetricFileStream
+from .filecursor import UNMAPPED_KEPT, MetricFileStream
 from .metricmap import MetricMap, current_map
 
 CHUNK = 1 << 20
@@ -96,8 +96,10 @@ def _packed_fixed(vals: list[tuple[int, Any]] | None, wire_one: int, fmt: str) -
     return None
 
 
-def decode_event(data: bytes | memoryview, mmap: MetricMap) -> tuple[float | None, int | None, list[tuple[str, float]]]:
-    """``(wall_time, step, [(metric, value)])`` of one Event; raises WireError for damaged bytes."""
+def decode_event(data: bytes | memoryview, mmap: MetricMap, unmapped: dict[str, None] | None = None
+                 ) -> tuple[float | None, int | None, list[tuple[str, float]]]:
+    """``(wall_time, step, [(metric, value)])`` of one Event; raises WireError for damaged bytes.
+    Tags the map does not name go to ``unmapped`` (at most UNMAPPED_KEPT of them)."""
     ev = decode_wire(data, 0, EVENT_FIELDS)
     wt = _one(ev, 1, 1)
     wall = struct.unpack("<d", wt.to_bytes(8, "little"))[0] if wt is not None else None
@@ -122,6 +124,8 @@ def decode_event(data: bytes | memoryview, mmap: MetricMap) -> tuple[float | Non
         except UnicodeDecodeError:
             continue
         if metric is None:
+            if unmapped is not None and len(unmapped) < UNMAPPED_KEPT:
+                unmapped[bytes(tag).decode("utf-8")] = None
             continue
         simple = _one(v, 2, 5)
         if simple is not None:
@@ -138,6 +142,7 @@ def is_event_file(head: bytes) -> bool:
 
 class TfEventsStream(MetricFileStream):
     FORMAT = "tfevents"
+    NAMES = "tags"
     _lost = False  # searching for the next well-formed header (said and counted once per search)
 
     def _read(self, budget: int, now: float | None, final: bool) -> list[Sample]:
@@ -212,7 +217,7 @@ class TfEventsStream(MetricFileStream):
         data = view[at + tfrecord.HEADER:at + tfrecord.HEADER + length]
         self.stats.lines += 1
         try:
-            wall, step, values = decode_event(data, mmap)
+            wall, step, values = decode_event(data, mmap, self.unmapped)
         except (WireError, struct.error, OverflowError) as exc:
             # which of the two: worth a CRC only for a record of a scalar's size
             if length <= 1 << 16 and not tfrecord.data_ok(view, at + tfrecord.HEADER, length):
