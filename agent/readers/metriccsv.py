@@ -49,6 +49,7 @@ class CsvStream(MetricFileStream):
         self._map: list[tuple[int, str]] = []      # (column index, metric)
         self._step_col: int | None = None
         self._checked = False                      # a saved offset was checked against the file
+        self._long: tuple[int, int] | None = None  # a row over the limit: (its start, searched up to)
 
     def _read(self, budget: int, now: float | None, final: bool) -> list[Sample]:
         cur = self.tailer
@@ -70,27 +71,72 @@ class CsvStream(MetricFileStream):
         t = _time.time() if now is None else now
         out: list[Sample] = []
         start = cur.offset
+        looked = cur.offset  # how far the bytes were looked at (the cursor's ``seen``)
         while budget > 0 and cur.offset < size:
-            data = cur.pread(min(budget, CHUNK, size - cur.offset), cur.offset)
-            last = data.rfind(b"\n")
-            if last < 0:
-                if len(data) > self.max_record:
-                    self._skip_long(size)
-                    budget -= len(data)
+            if self._long is None or self._long[0] != cur.offset:
+                data = cur.pread(min(budget, CHUNK, size - cur.offset), cur.offset)
+                last = data.rfind(b"\n")
+                if last >= 0:
+                    self._rows(data[:last + 1], t, out)
+                    cur.offset += last + 1
+                    budget -= last + 1
                     continue
-                if final and cur.offset + len(data) == size:
-                    self._rows(data + b"\n", t, out)
-                    cur.offset = size
-                break  # a torn last line: wait for its end
-            self._rows(data[:last + 1], t, out)
-            cur.offset += last + 1
-            budget -= last + 1
-        cur.seen = size if budget > 0 else cur.offset
+            # the row is longer than this read, over the limit, or torn (being written)
+            used, looked = self._one_row(size, budget, final, t, out)
+            if not used:
+                break
+            budget -= used
+        cur.seen = max(cur.offset, looked)
         self.stats.bytes += max(cur.offset - start, 0)
         if cur.offset == size and cur.replaced():
             self._header = None
             return out + self._read(budget, now, final)
         return out
+
+    def _one_row(self, size: int, budget: int, final: bool, t: float, out: list[Sample]) -> tuple[int, int]:
+        """The row at the offset, when no read so far held its end: read whole within the limit
+        (at most ``max_record`` + 1 bytes are held), else skipped unread; a torn last row waits.
+        The bytes consumed (0: nothing yet) and how far the file was looked at."""
+        cur = self.tailer
+        at = cur.offset
+        if self._long is None or self._long[0] != at:
+            row = cur.pread(min(self.max_record + 1, size - at), at)
+            nl = row.find(b"\n")
+            if nl >= 0:
+                self._rows(row[:nl + 1], t, out)
+                cur.offset = at + nl + 1
+                return nl + 1, cur.offset
+            if len(row) <= self.max_record:
+                if final and at + len(row) == size:
+                    self._rows(row + b"\n", t, out)
+                    cur.offset = size
+                    return len(row), size
+                return 0, at + len(row)  # a torn last row: wait for its end
+            self._long = (at, at + len(row))
+        # over the limit: find its end from where the last search stopped (each byte looked at once)
+        end = self._long[1]
+        while end < size and end - self._long[1] < budget:
+            data = cur.pread(min(CHUNK, size - end), end)
+            if not data:
+                break
+            nl = data.find(b"\n")
+            if nl >= 0:
+                return self._skip_long(end + nl + 1), end + nl + 1
+            end += len(data)
+        self._long = (at, end)
+        if final and end >= size:
+            return self._skip_long(size), size
+        return 0, end
+
+    def _skip_long(self, end: int) -> int:
+        """Skip the row over the limit that ends at ``end`` (its newline included)."""
+        cur = self.tailer
+        self.skipped("oversized", f"row at byte {cur.offset} is over the limit ({self.max_record} bytes); "
+                     "skipped unread")
+        self.stats.lines += 1
+        used, self._long = end - cur.offset, None
+        cur.offset, cur.line = end, cur.line + 1
+        return used
 
     def _settle(self, header: bytes, size: int) -> bool:
         """Place the offset after the rows already read, whatever happened to the file since;
@@ -135,7 +181,7 @@ class CsvStream(MetricFileStream):
         return True
 
     def _adopt(self, header: bytes) -> None:
-        self._header = header
+        self._header, self._long = header, None
         mmap, _ = current_map()
         self._columns = [c.strip() for c in (_cells(header) or [])]
         self._map = [(i, m) for i, c in enumerate(self._columns) if (m := mmap.metric(c)) is not None]
@@ -157,20 +203,6 @@ class CsvStream(MetricFileStream):
             n += data.count(b"\n")
             at += len(data)
         return n
-
-    def _skip_long(self, size: int) -> None:
-        """Skip a line over the record limit without holding it."""
-        cur = self.tailer
-        at = cur.offset + self.max_record
-        while at < size:
-            data = cur.pread(min(CHUNK, size - at), at)
-            nl = data.find(b"\n")
-            if nl >= 0:
-                self.skipped("oversized", f"row at byte {cur.offset} is over the limit ({self.max_record} "
-                             "bytes); skipped")
-                cur.offset, cur.line = at + nl + 1, cur.line + 1
-                return
-            at += len(data)
 
     def _rows(self, data: bytes, t: float, out: list[Sample]) -> None:
         cur = self.tailer
