@@ -22,6 +22,7 @@ import struct
 import time as _time
 from typing import Any
 
+from ..health import beat
 from ..model import Sample
 from ..protowire import WireError, as_view, decode_wire, read_varint
 from . import tfrecord
@@ -29,6 +30,7 @@ from .filecursor import UNMAPPED_KEPT, MetricFileStream
 from .metricmap import MetricMap, current_map
 
 CHUNK = 1 << 20
+RESYNC_SECONDS = 0.2  # per poll, searching for lost framing (a worker beats its heartbeat meanwhile)
 _FLOAT_TYPES = {1: ("<f", 4), 2: ("<d", 8), 19: ("<e", 2), 14: ("bf16", 2)}  # DT_FLOAT, DOUBLE, HALF, BFLOAT16
 _I64 = 1 << 63
 # values per message level: an Event has ~4 fields, a Summary.Value ~4, a scalar TensorProto ~4,
@@ -154,26 +156,34 @@ class TfEventsStream(MetricFileStream):
         t = _time.time() if now is None else now
         out: list[Sample] = []
         start = cur.offset
+        deadline = _time.monotonic() + RESYNC_SECONDS  # (searching for lost framing only)
+        timed_out = False
         while budget > 0 and cur.offset < size:
+            if self._lost:  # a damaged or zero-filled stretch: bounded work per poll, and progress
+                beat()
+                if timed_out := _time.monotonic() > deadline:
+                    break  # the next poll goes on from here (the offset is where the search is)
             pos = cur.offset
             buf = cur.pread(min(max(budget, tfrecord.HEADER), CHUNK, size - pos), pos)
             if len(buf) < tfrecord.HEADER:
                 break
-            used = self._records(buf, pos, size, mmap, t, out)
+            used = self._records(buf, pos, size, mmap, t, out, deadline)
             if used == 0:
                 break  # a partial record: wait for its rest
             budget -= used
         if final and cur.offset < size:
             self.skipped("torn", f"ends in a torn record at byte {cur.offset} ({size - cur.offset} bytes)")
             cur.offset = size
-        cur.seen = size if budget > 0 else cur.offset
+        cur.seen = size if budget > 0 and not timed_out else cur.offset  # (the rest is backlog)
         self.stats.bytes += cur.offset - start
         if cur.offset == size and cur.replaced():
             return out + self._read(budget, now, final)
         return out
 
-    def _records(self, buf: bytes, base: int, size: int, mmap: MetricMap, t: float, out: list[Sample]) -> int:
-        """Read the whole records in ``buf`` (the file's bytes from ``base``); the bytes used."""
+    def _records(self, buf: bytes, base: int, size: int, mmap: MetricMap, t: float, out: list[Sample],
+                 deadline: float | None = None) -> int:
+        """Read the whole records in ``buf`` (the file's bytes from ``base``); the bytes used
+        (while searching for lost framing: the bytes searched, up to ``deadline``)."""
         cur, at, end = self.tailer, 0, len(buf)
         view = as_view(buf)
         while end - at >= tfrecord.HEADER:
@@ -183,13 +193,13 @@ class TfEventsStream(MetricFileStream):
                     self._lost = True
                     self.skipped("framing", f"damaged record header at byte {base + at}; skipping to the "
                                  "next well-formed record")
-                nxt = tfrecord.resync(buf, at + 1)
-                if nxt is None:
-                    if base + end >= size:
-                        break  # the rest may be a header being written: look again later
-                    nxt = end - tfrecord.HEADER + 1  # go on searching in the next chunk
-                at = nxt
+                nxt, resume = tfrecord.resync(buf, at + 1, deadline)
+                # (before ``resume`` no header starts: the offset goes there, and a header being
+                # written at the end of the file is looked for again when it is whole)
+                at = resume
                 cur.offset = base + at
+                if nxt is None:
+                    break
                 continue
             self._lost = False
             total = tfrecord.HEADER + length + tfrecord.FOOTER
