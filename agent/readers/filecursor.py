@@ -201,8 +201,12 @@ class MetricFileStream:
     NAMES = "names"  # what the reader's names are called (tags, columns)
 
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, position: TailPosition | None = None,
-                 *, check_open: Callable[[str, int], None] | None = None, max_record_bytes: int = 1 << 20) -> None:
+                 *, check_open: Callable[[str, int], None] | None = None, max_record_bytes: int = 1 << 20,
+                 start_at_end: bool = False) -> None:
         self.path = path
+        # a watch's ``start_at_end`` with no saved position: the records already there are skipped
+        # (``_skip_existing``, at the first read that sees a whole record)
+        self.at_end = start_at_end and position is None
         self.base_labels: Labels = make_labels(labels)
         self.tailer = FileCursor(path, position, check_open)
         self.parser = StreamErrors(self.FORMAT)

@@ -68,6 +68,8 @@ class CsvStream(MetricFileStream):
         header = head[:nl + 1]
         if not self._settle(header, size):
             return []
+        if self.at_end:
+            self._skip_existing(size)
         t = _time.time() if now is None else now
         out: list[Sample] = []
         start = cur.offset
@@ -179,6 +181,25 @@ class CsvStream(MetricFileStream):
                     TailEvent.TRUNCATED)
         cur.offset, cur.line = len(header), 1
         return True
+
+    def _skip_existing(self, size: int) -> None:
+        """``start_at_end``: go on after the file's last whole row (the header is kept, the rows
+        before are counted, as if read)."""
+        cur, end = self.tailer, size
+        while end > cur.offset:
+            at = max(end - CHUNK, cur.offset)
+            data = cur.pread(end - at, at)
+            if len(data) < end - at:
+                return  # (an I/O error, said by the cursor: try again at the next read)
+            nl = data.rfind(b"\n")
+            if nl >= 0:
+                lines = self._lines_before(at + nl + 1)
+                if lines < 0:
+                    return
+                cur.offset, cur.line = at + nl + 1, lines
+                break
+            end = at
+        self.at_end = False
 
     def _adopt(self, header: bytes) -> None:
         self._header, self._long = header, None

@@ -61,11 +61,11 @@ def open_stream(path: str, labels: Mapping[str, str] | None = None, fmt: str = "
                 max_line_bytes: int = 1 << 20, chunk_bytes: int = 1 << 20, pattern: str | None = None,
                 check_open: Callable[[str, int], None] | None = None) -> LogStream | MetricFileStream:
     """The stream that reads ``path``: a structured reader or a text ``LogStream`` (which raises
-    ``UnknownFormat`` for a bad ``fmt``). A structured file is always read from its start: its
-    records are few and each one matters (``start_at_end`` is for text logs)."""
+    ``UnknownFormat`` for a bad ``fmt``). ``start_at_end`` (no saved ``position``) skips what the
+    file already holds, for every kind: up to its last whole record (a CSV's header is kept)."""
     kind = file_kind(path, fmt)
     if kind in STRUCTURED_FORMATS:
         return STRUCTURED_FORMATS[kind](path, labels, position, check_open=check_open,
-                                        max_record_bytes=max_line_bytes)
+                                        max_record_bytes=max_line_bytes, start_at_end=start_at_end)
     return LogStream(path, labels, fmt, position, start_at_end=start_at_end, max_line_bytes=max_line_bytes,
                      chunk_bytes=chunk_bytes, pattern=pattern, check_open=check_open)

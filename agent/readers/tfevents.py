@@ -152,6 +152,8 @@ class TfEventsStream(MetricFileStream):
         size = cur.size()
         if size is None:
             return []
+        if self.at_end:
+            self._skip_existing(size)
         mmap, _ = current_map()
         t = _time.time() if now is None else now
         out: list[Sample] = []
@@ -179,6 +181,27 @@ class TfEventsStream(MetricFileStream):
         if cur.offset == size and cur.replaced():
             return out + self._read(budget, now, final)
         return out
+
+    def _skip_existing(self, size: int) -> None:
+        """``start_at_end``: go on after the last whole record already in the file (its headers
+        are walked, the data is not read; a damaged header stops the walk there)."""
+        cur = self.tailer
+        at, n = cur.offset, 0
+        self.at_end = False
+        while size - at >= tfrecord.HEADER:
+            buf = cur.pread(min(CHUNK, size - at), at)
+            pos = 0
+            while len(buf) - pos >= tfrecord.HEADER:
+                length = tfrecord.header(buf, pos)
+                if length is None or at + pos + tfrecord.HEADER + length + tfrecord.FOOTER > size:
+                    cur.offset, cur.line = at + pos, cur.line + n
+                    return
+                pos += tfrecord.HEADER + length + tfrecord.FOOTER
+                n += 1
+            if pos == 0 and len(buf) < tfrecord.HEADER:
+                break  # (an I/O error, said by the cursor)
+            at += pos
+        cur.offset, cur.line = at, cur.line + n
 
     def _records(self, buf: bytes, base: int, size: int, mmap: MetricMap, t: float, out: list[Sample],
                  deadline: float | None = None) -> int:

@@ -151,3 +151,24 @@ def test_an_unterminated_long_row_is_searched_once_and_is_no_backlog(tmp_path, m
     assert [m for m, st, _ in out] == ["loss"] and out[0][1] == 3 and math.isnan(out[0][2])
     assert sum(looked) - first < (1 << 20) + (64 << 10) and s.stats.skipped == 1
 
+
+def test_start_at_end_keeps_the_header_and_counts_the_rows_already_there(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(b"step,loss\n1,nan\n2,0.5\n3,0.")
+    s = open_stream(str(path), start_at_end=True)
+    assert s.poll(now=0.0) == [] and s.position.line == 3
+    with open(path, "ab") as f:
+        f.write(b"25\n4,nan\n")
+    out = pairs(s.poll(now=0.0))
+    assert out[0] == ("loss", 3, 0.25) and out[1][:2] == ("loss", 4) and s.position.line == 5
+    early, final = before_rewrite("lightning_ok")  # the logger's rewrite after start_at_end
+    path2 = tmp_path / "b" / "metrics.csv"
+    path2.parent.mkdir()
+    path2.write_bytes(early)
+    s = open_stream(str(path2), start_at_end=True)
+    assert s.poll(now=0.0) == []
+    path2.write_bytes(final)
+    rest = pairs(s.poll(now=0.0))
+    full = open_stream(str(path2)).finish(now=0.0)
+    old_rows = early.count(b"\n") - 1
+    assert rest and rest == [p for p, x in zip(pairs(full), full) if x.source.line > old_rows + 1]

@@ -288,3 +288,20 @@ def test_a_zero_filled_stretch_costs_little_per_poll_and_the_records_after_it_ar
     assert math.isnan(series(samples, "loss")[HF_NAN_STEP]) and len(series(samples, "loss")) == len(
         series(read(event_file("hf_nan")), "loss"))
 
+
+def test_start_at_end_skips_the_records_already_there(tmp_path):
+    """A week-old NaN in an old run's event file must not page when the watch says start_at_end."""
+    recs = records(event_file("hf_nan"))
+    path = tmp_path / "events.out.tfevents.1.host.1.0"
+    cut = len(recs) - 5
+    path.write_bytes(b"".join(recs[:cut]) + recs[cut][:20])  # the NaN step, then a torn record
+    s = open_stream(str(path), start_at_end=True)
+    assert s.poll(now=0.0) == [] and s.position.offset == len(b"".join(recs[:cut])) and s.position.line == cut
+    with open(path, "ab") as f:
+        f.write(recs[cut][20:] + b"".join(recs[cut + 1:]))
+    rest = s.poll(now=0.0)
+    whole = read(event_file("hf_nan"))
+    assert rest and [(x.metric, x.step) for x in rest] == [(x.metric, x.step) for x in whole[-len(rest):]]
+    assert all(x.step > HF_NAN_STEP for x in rest)
+    saved = open_stream(str(path), position=s.position, start_at_end=True)  # a saved offset wins
+    assert saved.poll(now=0.0) == [] and saved.position == s.position
