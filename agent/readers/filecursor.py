@@ -53,6 +53,11 @@ class FileCursor:
     def is_open(self) -> bool:
         return self._fd is not None
 
+    @property
+    def missing(self) -> bool:
+        """The path did not exist at the last open."""
+        return self._missing
+
     def drain_events(self) -> list[tuple[TailEvent, str]]:
         events, self._events = self._events, []
         return events
@@ -207,6 +212,7 @@ class MetricFileStream:
         # a watch's ``start_at_end`` with no saved position: the records already there are skipped
         # (``_skip_existing``, at the first read that sees a whole record)
         self.at_end = start_at_end and position is None
+        self._held: int | None = None  # (the size the file had when first seen)
         self.base_labels: Labels = make_labels(labels)
         self.tailer = FileCursor(path, position, check_open)
         self.parser = StreamErrors(self.FORMAT)
@@ -237,6 +243,19 @@ class MetricFileStream:
 
     def close(self) -> None:
         self.tailer.close()
+
+    def existing(self, size: int | None) -> int | None:
+        """``start_at_end``: the bytes the file held when the reader first saw it (what is skipped),
+        None when nothing is to be skipped: a file that did not exist then, or that was empty, is
+        read in full like a text log."""
+        if not self.at_end:
+            return None
+        if size is None:
+            self.at_end = not self.tailer.missing
+            return None
+        if self._held is None:
+            self._held = size
+        return self._held
 
     def sample_lines(self) -> list[str]:
         """What the file holds when no record of it was read (replay's and the follower's

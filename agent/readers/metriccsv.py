@@ -54,6 +54,7 @@ class CsvStream(MetricFileStream):
     def _read(self, budget: int, now: float | None, final: bool) -> list[Sample]:
         cur = self.tailer
         size = cur.size(restart_on_shrink=False)
+        held = self.existing(size)
         if size is None:
             return []
         known = self._header
@@ -68,8 +69,8 @@ class CsvStream(MetricFileStream):
         header = head[:nl + 1]
         if not self._settle(header, size):
             return []
-        if self.at_end:
-            self._skip_existing(size)
+        if held is not None:
+            self._skip_existing(min(held, size))
         t = _time.time() if now is None else now
         out: list[Sample] = []
         start = cur.offset

@@ -150,10 +150,11 @@ class TfEventsStream(MetricFileStream):
     def _read(self, budget: int, now: float | None, final: bool) -> list[Sample]:
         cur = self.tailer
         size = cur.size()
+        held = self.existing(size)
         if size is None:
             return []
-        if self.at_end:
-            self._skip_existing(size)
+        if held is not None:
+            self._skip_existing(held)
         mmap, _ = current_map()
         t = _time.time() if now is None else now
         out: list[Sample] = []

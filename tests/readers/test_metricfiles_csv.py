@@ -172,3 +172,18 @@ def test_start_at_end_keeps_the_header_and_counts_the_rows_already_there(tmp_pat
     full = open_stream(str(path2)).finish(now=0.0)
     old_rows = early.count(b"\n") - 1
     assert rest and rest == [p for p, x in zip(pairs(full), full) if x.source.line > old_rows + 1]
+
+
+def test_start_at_end_reads_a_file_that_appears_or_fills_later_in_full(tmp_path):
+    path = tmp_path / "metrics.csv"
+    s = open_stream(str(path), start_at_end=True)  # not there yet: a new run's file
+    assert s.poll(now=0.0) == []
+    path.write_bytes(b"step,loss\n1,nan\n")
+    assert pairs(s.poll(now=0.0))[0][:2] == ("loss", 1)
+    empty = tmp_path / "b" / "metrics.csv"
+    empty.parent.mkdir()
+    empty.write_bytes(b"")
+    s = open_stream(str(empty), start_at_end=True)
+    assert s.poll(now=0.0) == []
+    empty.write_bytes(b"step,loss\n1,nan\n")  # (the logger's first flush)
+    assert pairs(s.poll(now=0.0))[0][:2] == ("loss", 1)

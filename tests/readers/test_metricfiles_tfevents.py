@@ -305,3 +305,11 @@ def test_start_at_end_skips_the_records_already_there(tmp_path):
     assert all(x.step > HF_NAN_STEP for x in rest)
     saved = open_stream(str(path), position=s.position, start_at_end=True)  # a saved offset wins
     assert saved.poll(now=0.0) == [] and saved.position == s.position
+
+
+def test_start_at_end_reads_an_event_file_that_appears_later_in_full(tmp_path):
+    path = tmp_path / "events.out.tfevents.1.host.1.0"
+    s = open_stream(str(path), start_at_end=True)
+    assert s.poll(now=0.0) == []
+    path.write_bytes(event_file("hf_nan").read_bytes())
+    assert math.isnan(series(s.poll(now=0.0), "loss")[HF_NAN_STEP])
