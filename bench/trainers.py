@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from precision_agent.readers.runs import run_labels
+
 from . import common
 from .trainer_runs import CACHE, PINNED, SERIES, Run, ensure_venv, newest, runs_for, train
 
@@ -121,9 +123,16 @@ def _daemon_pages(agent: common.AgentProcess, seen: dict[str, dict[str, Any]]) -
     if status != 200:
         return
     for a in json.loads(body)["data"]["alerts"]:
+        if a["labels"].get("severity") not in ("page", "critical"):
+            continue
         path = ((a.get("evidence") or {}).get("source") or {}).get("path")
-        if path and a["labels"].get("severity") in ("page", "critical") and path not in seen:
+        if path and path not in seen:
             seen[path] = {**a, "_seen": time.time()}
+        # several files of one run (Lightning's event file and metrics.csv log the same values)
+        # feed one series: one incident, one page, whose source is the file read first
+        run_key = "run:" + a["labels"].get("run", "")
+        if run_key not in seen:
+            seen[run_key] = {**a, "_seen": time.time()}
 
 
 def run_one(run: Run, root: Path, timeout: float) -> list[dict[str, Any]]:
@@ -155,7 +164,9 @@ def _follow(run: Run, out: Path, agent: common.AgentProcess, seen: dict[str, dic
     rows = []
     for src in sources(out):
         rep, _rc = replay(src)
-        rows.append(judge(run, src, rep, seen.get(str(src)) or seen.get(str(src.resolve())), fault_at)
+        page = seen.get(str(src)) or seen.get(str(src.resolve())) or \
+            seen.get("run:" + run_labels(str(src), "file", {}, str(out))["run"])
+        rows.append(judge(run, src, rep, page, fault_at)
                     | {"exit": proc.returncode})
     if not rows:
         rows.append({"trainer": run.name, "variant": run.variant, "source": "-", "ok": False,

@@ -53,6 +53,11 @@ class FileCursor:
     def is_open(self) -> bool:
         return self._fd is not None
 
+    @property
+    def missing(self) -> bool:
+        """The path did not exist at the last open."""
+        return self._missing
+
     def drain_events(self) -> list[tuple[TailEvent, str]]:
         events, self._events = self._events, []
         return events
@@ -123,11 +128,22 @@ class FileCursor:
         self.close()
         self._pending = None
         self.event(TailEvent.ROTATED, f"{self.path}: replaced by a new file; following it from 0")
-        return self._open()
+        try:
+            return self._open()
+        except OSError as exc:  # (NotRegularFile is one: a directory now under the name)
+            self.error(exc)
+            return False
 
     def pread(self, n: int, at: int) -> bytes:
-        assert self._fd is not None
-        return os.pread(self._fd, n, at)
+        """Up to ``n`` bytes at ``at``; an I/O error (EIO, ...) is said once and reads as nothing
+        (never an exception out of a poll): the readers then wait as at a torn record."""
+        if self._fd is None:
+            return b""
+        try:
+            return os.pread(self._fd, n, at)
+        except OSError as exc:
+            self.error(exc)
+            return b""
 
     def _open(self) -> bool:
         try:
@@ -178,20 +194,32 @@ class StreamErrors:
             self.errors.append(message)
 
 
+UNMAPPED_KEPT = 32  # tag or column names kept to say what a file holds when none is mapped
+
+
 class MetricFileStream:
     """The common half of a structured reader: labels, counts, samples; subclasses read records
-    (``_read(budget, final) -> list[Sample]``)."""
+    (``_read(budget, final) -> list[Sample]``) and note the names the metric map does not know in
+    ``unmapped``."""
 
     FORMAT = ""
+    NAMES = "names"  # what the reader's names are called (tags, columns)
 
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, position: TailPosition | None = None,
-                 *, check_open: Callable[[str, int], None] | None = None, max_record_bytes: int = 1 << 20) -> None:
+                 *, check_open: Callable[[str, int], None] | None = None, max_record_bytes: int = 1 << 20,
+                 start_at_end: bool = False) -> None:
         self.path = path
+        # a watch's ``start_at_end`` with no saved position: the records already there are skipped
+        # (``_skip_existing``, at the first read that sees a whole record)
+        self.at_end = start_at_end and position is None
+        self._held: int | None = None  # (the size the file had when first seen)
         self.base_labels: Labels = make_labels(labels)
         self.tailer = FileCursor(path, position, check_open)
         self.parser = StreamErrors(self.FORMAT)
         self.stats = StreamStats()
         self.max_record = max_record_bytes
+        self.unmapped: dict[str, None] = {}
+        self.mapped_names: list[str] = []  # (CSV: the header's mapped columns)
 
     @property
     def format(self) -> str:
@@ -215,6 +243,31 @@ class MetricFileStream:
 
     def close(self) -> None:
         self.tailer.close()
+
+    def existing(self, size: int | None) -> int | None:
+        """``start_at_end``: the bytes the file held when the reader first saw it (what is skipped),
+        None when nothing is to be skipped: a file that did not exist then, or that was empty, is
+        read in full like a text log."""
+        if not self.at_end:
+            return None
+        if size is None:
+            self.at_end = not self.tailer.missing
+            return None
+        if self._held is None:
+            self._held = size
+        return self._held
+
+    def sample_lines(self) -> list[str]:
+        """What the file holds when no record of it was read (replay's and the follower's
+        "unrecognized" evidence): the tag or column names seen that the metric map does not name."""
+        if self.mapped_names:  # (a CSV header with a mapped column but no value yet)
+            return [f"{self.NAMES}: {', '.join(self.mapped_names)} mapped, but no value read yet"]
+        if not self.unmapped:
+            return []
+        names = ", ".join(list(self.unmapped)[:UNMAPPED_KEPT])
+        more = ", ..." if len(self.unmapped) >= UNMAPPED_KEPT else ""
+        return [f"{self.NAMES}: {names}{more} (none is mapped: extend PRECISION_AGENT_METRIC_MAP, "
+                "docs/metric-files.md)"]
 
     def skipped(self, cause: str, message: str, n: int = 1) -> None:
         """A record (or ``n``) not read: counted, and said once per cause."""

@@ -21,7 +21,7 @@ import csv
 import time as _time
 
 from ..model import Sample
-from .filecursor import MetricFileStream
+from .filecursor import UNMAPPED_KEPT, MetricFileStream
 from .metricmap import current_map
 from .parsers.base import to_float, to_step
 from .tailer import TailEvent
@@ -40,6 +40,7 @@ def _cells(line: bytes) -> list[str] | None:
 
 class CsvStream(MetricFileStream):
     FORMAT = "csv"
+    NAMES = "columns"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -48,10 +49,12 @@ class CsvStream(MetricFileStream):
         self._map: list[tuple[int, str]] = []      # (column index, metric)
         self._step_col: int | None = None
         self._checked = False                      # a saved offset was checked against the file
+        self._long: tuple[int, int] | None = None  # a row over the limit: (its start, searched up to)
 
     def _read(self, budget: int, now: float | None, final: bool) -> list[Sample]:
         cur = self.tailer
         size = cur.size(restart_on_shrink=False)
+        held = self.existing(size)
         if size is None:
             return []
         known = self._header
@@ -66,30 +69,77 @@ class CsvStream(MetricFileStream):
         header = head[:nl + 1]
         if not self._settle(header, size):
             return []
+        if held is not None:
+            self._skip_existing(min(held, size))
         t = _time.time() if now is None else now
         out: list[Sample] = []
         start = cur.offset
+        looked = cur.offset  # how far the bytes were looked at (the cursor's ``seen``)
         while budget > 0 and cur.offset < size:
-            data = cur.pread(min(budget, CHUNK, size - cur.offset), cur.offset)
-            last = data.rfind(b"\n")
-            if last < 0:
-                if len(data) > self.max_record:
-                    self._skip_long(size)
-                    budget -= len(data)
+            if self._long is None or self._long[0] != cur.offset:
+                data = cur.pread(min(budget, CHUNK, size - cur.offset), cur.offset)
+                last = data.rfind(b"\n")
+                if last >= 0:
+                    self._rows(data[:last + 1], t, out)
+                    cur.offset += last + 1
+                    budget -= last + 1
                     continue
-                if final and cur.offset + len(data) == size:
-                    self._rows(data + b"\n", t, out)
-                    cur.offset = size
-                break  # a torn last line: wait for its end
-            self._rows(data[:last + 1], t, out)
-            cur.offset += last + 1
-            budget -= last + 1
-        cur.seen = size if budget > 0 else cur.offset
+            # the row is longer than this read, over the limit, or torn (being written)
+            used, looked = self._one_row(size, budget, final, t, out)
+            if not used:
+                break
+            budget -= used
+        cur.seen = max(cur.offset, looked)
         self.stats.bytes += max(cur.offset - start, 0)
         if cur.offset == size and cur.replaced():
             self._header = None
             return out + self._read(budget, now, final)
         return out
+
+    def _one_row(self, size: int, budget: int, final: bool, t: float, out: list[Sample]) -> tuple[int, int]:
+        """The row at the offset, when no read so far held its end: read whole within the limit
+        (at most ``max_record`` + 1 bytes are held), else skipped unread; a torn last row waits.
+        The bytes consumed (0: nothing yet) and how far the file was looked at."""
+        cur = self.tailer
+        at = cur.offset
+        if self._long is None or self._long[0] != at:
+            row = cur.pread(min(self.max_record + 1, size - at), at)
+            nl = row.find(b"\n")
+            if nl >= 0:
+                self._rows(row[:nl + 1], t, out)
+                cur.offset = at + nl + 1
+                return nl + 1, cur.offset
+            if len(row) <= self.max_record:
+                if final and at + len(row) == size:
+                    self._rows(row + b"\n", t, out)
+                    cur.offset = size
+                    return len(row), size
+                return 0, at + len(row)  # a torn last row: wait for its end
+            self._long = (at, at + len(row))
+        # over the limit: find its end from where the last search stopped (each byte looked at once)
+        end = self._long[1]
+        while end < size and end - self._long[1] < budget:
+            data = cur.pread(min(CHUNK, size - end), end)
+            if not data:
+                break
+            nl = data.find(b"\n")
+            if nl >= 0:
+                return self._skip_long(end + nl + 1), end + nl + 1
+            end += len(data)
+        self._long = (at, end)
+        if final and end >= size:
+            return self._skip_long(size), size
+        return 0, end
+
+    def _skip_long(self, end: int) -> int:
+        """Skip the row over the limit that ends at ``end`` (its newline included)."""
+        cur = self.tailer
+        self.skipped("oversized", f"row at byte {cur.offset} is over the limit ({self.max_record} bytes); "
+                     "skipped unread")
+        self.stats.lines += 1
+        used, self._long = end - cur.offset, None
+        cur.offset, cur.line = end, cur.line + 1
+        return used
 
     def _settle(self, header: bytes, size: int) -> bool:
         """Place the offset after the rows already read, whatever happened to the file since;
@@ -112,6 +162,8 @@ class CsvStream(MetricFileStream):
         at, found = len(header), 0
         while found < rows_done and at < size:
             data = cur.pread(min(CHUNK, size - at), at)
+            if not data:
+                return False  # (an I/O error, said by the cursor)
             n = data.count(b"\n")
             if found + n < rows_done:
                 found, at = found + n, at + len(data)
@@ -131,11 +183,33 @@ class CsvStream(MetricFileStream):
         cur.offset, cur.line = len(header), 1
         return True
 
+    def _skip_existing(self, size: int) -> None:
+        """``start_at_end``: go on after the file's last whole row (the header is kept, the rows
+        before are counted, as if read)."""
+        cur, end = self.tailer, size
+        while end > cur.offset:
+            at = max(end - CHUNK, cur.offset)
+            data = cur.pread(end - at, at)
+            if len(data) < end - at:
+                return  # (an I/O error, said by the cursor: try again at the next read)
+            nl = data.rfind(b"\n")
+            if nl >= 0:
+                lines = self._lines_before(at + nl + 1)
+                if lines < 0:
+                    return
+                cur.offset, cur.line = at + nl + 1, lines
+                break
+            end = at
+        self.at_end = False
+
     def _adopt(self, header: bytes) -> None:
-        self._header = header
+        self._header, self._long = header, None
         mmap, _ = current_map()
         self._columns = [c.strip() for c in (_cells(header) or [])]
         self._map = [(i, m) for i, c in enumerate(self._columns) if (m := mmap.metric(c)) is not None]
+        mapped = {i for i, _ in self._map}
+        self.mapped_names = [self._columns[i][:64] for i in sorted(mapped)][:UNMAPPED_KEPT]
+        self.unmapped = dict.fromkeys(c[:64] for i, c in enumerate(self._columns[:UNMAPPED_KEPT]) if i not in mapped)
         lowered = [c.lower() for c in self._columns]
         self._step_col = next((lowered.index(c) for c in mmap.step_columns if c in lowered), None)
 
@@ -151,20 +225,6 @@ class CsvStream(MetricFileStream):
             n += data.count(b"\n")
             at += len(data)
         return n
-
-    def _skip_long(self, size: int) -> None:
-        """Skip a line over the record limit without holding it."""
-        cur = self.tailer
-        at = cur.offset + self.max_record
-        while at < size:
-            data = cur.pread(min(CHUNK, size - at), at)
-            nl = data.find(b"\n")
-            if nl >= 0:
-                self.skipped("oversized", f"row at byte {cur.offset} is over the limit ({self.max_record} "
-                             "bytes); skipped")
-                cur.offset, cur.line = at + nl + 1, cur.line + 1
-                return
-            at += len(data)
 
     def _rows(self, data: bytes, t: float, out: list[Sample]) -> None:
         cur = self.tailer

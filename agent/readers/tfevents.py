@@ -22,13 +22,15 @@ import struct
 import time as _time
 from typing import Any
 
+from ..health import beat
 from ..model import Sample
 from ..protowire import WireError, as_view, decode_wire, read_varint
 from . import tfrecord
-from .filecursor import MetricFileStream
+from .filecursor import UNMAPPED_KEPT, MetricFileStream
 from .metricmap import MetricMap, current_map
 
 CHUNK = 1 << 20
+RESYNC_SECONDS = 0.2  # per poll, searching for lost framing (a worker beats its heartbeat meanwhile)
 _FLOAT_TYPES = {1: ("<f", 4), 2: ("<d", 8), 19: ("<e", 2), 14: ("bf16", 2)}  # DT_FLOAT, DOUBLE, HALF, BFLOAT16
 _I64 = 1 << 63
 # values per message level: an Event has ~4 fields, a Summary.Value ~4, a scalar TensorProto ~4,
@@ -96,8 +98,10 @@ def _packed_fixed(vals: list[tuple[int, Any]] | None, wire_one: int, fmt: str) -
     return None
 
 
-def decode_event(data: bytes | memoryview, mmap: MetricMap) -> tuple[float | None, int | None, list[tuple[str, float]]]:
-    """``(wall_time, step, [(metric, value)])`` of one Event; raises WireError for damaged bytes."""
+def decode_event(data: bytes | memoryview, mmap: MetricMap, unmapped: dict[str, None] | None = None
+                 ) -> tuple[float | None, int | None, list[tuple[str, float]]]:
+    """``(wall_time, step, [(metric, value)])`` of one Event; raises WireError for damaged bytes.
+    Tags the map does not name go to ``unmapped`` (at most UNMAPPED_KEPT of them)."""
     ev = decode_wire(data, 0, EVENT_FIELDS)
     wt = _one(ev, 1, 1)
     wall = struct.unpack("<d", wt.to_bytes(8, "little"))[0] if wt is not None else None
@@ -122,6 +126,8 @@ def decode_event(data: bytes | memoryview, mmap: MetricMap) -> tuple[float | Non
         except UnicodeDecodeError:
             continue
         if metric is None:
+            if unmapped is not None and len(unmapped) < UNMAPPED_KEPT:
+                unmapped[bytes(tag).decode("utf-8")] = None
             continue
         simple = _one(v, 2, 5)
         if simple is not None:
@@ -138,37 +144,70 @@ def is_event_file(head: bytes) -> bool:
 
 class TfEventsStream(MetricFileStream):
     FORMAT = "tfevents"
+    NAMES = "tags"
     _lost = False  # searching for the next well-formed header (said and counted once per search)
 
     def _read(self, budget: int, now: float | None, final: bool) -> list[Sample]:
         cur = self.tailer
         size = cur.size()
+        held = self.existing(size)
         if size is None:
             return []
+        if held is not None:
+            self._skip_existing(held)
         mmap, _ = current_map()
         t = _time.time() if now is None else now
         out: list[Sample] = []
         start = cur.offset
+        deadline = _time.monotonic() + RESYNC_SECONDS  # (searching for lost framing only)
+        timed_out = False
         while budget > 0 and cur.offset < size:
+            if self._lost:  # a damaged or zero-filled stretch: bounded work per poll, and progress
+                beat()
+                if timed_out := _time.monotonic() > deadline:
+                    break  # the next poll goes on from here (the offset is where the search is)
             pos = cur.offset
             buf = cur.pread(min(max(budget, tfrecord.HEADER), CHUNK, size - pos), pos)
             if len(buf) < tfrecord.HEADER:
                 break
-            used = self._records(buf, pos, size, mmap, t, out)
+            used = self._records(buf, pos, size, mmap, t, out, deadline)
             if used == 0:
                 break  # a partial record: wait for its rest
             budget -= used
         if final and cur.offset < size:
             self.skipped("torn", f"ends in a torn record at byte {cur.offset} ({size - cur.offset} bytes)")
             cur.offset = size
-        cur.seen = size if budget > 0 else cur.offset
+        cur.seen = size if budget > 0 and not timed_out else cur.offset  # (the rest is backlog)
         self.stats.bytes += cur.offset - start
         if cur.offset == size and cur.replaced():
             return out + self._read(budget, now, final)
         return out
 
-    def _records(self, buf: bytes, base: int, size: int, mmap: MetricMap, t: float, out: list[Sample]) -> int:
-        """Read the whole records in ``buf`` (the file's bytes from ``base``); the bytes used."""
+    def _skip_existing(self, size: int) -> None:
+        """``start_at_end``: go on after the last whole record already in the file (its headers
+        are walked, the data is not read; a damaged header stops the walk there)."""
+        cur = self.tailer
+        at, n = cur.offset, 0
+        self.at_end = False
+        while size - at >= tfrecord.HEADER:
+            buf = cur.pread(min(CHUNK, size - at), at)
+            pos = 0
+            while len(buf) - pos >= tfrecord.HEADER:
+                length = tfrecord.header(buf, pos)
+                if length is None or at + pos + tfrecord.HEADER + length + tfrecord.FOOTER > size:
+                    cur.offset, cur.line = at + pos, cur.line + n
+                    return
+                pos += tfrecord.HEADER + length + tfrecord.FOOTER
+                n += 1
+            if pos == 0 and len(buf) < tfrecord.HEADER:
+                break  # (an I/O error, said by the cursor)
+            at += pos
+        cur.offset, cur.line = at, cur.line + n
+
+    def _records(self, buf: bytes, base: int, size: int, mmap: MetricMap, t: float, out: list[Sample],
+                 deadline: float | None = None) -> int:
+        """Read the whole records in ``buf`` (the file's bytes from ``base``); the bytes used
+        (while searching for lost framing: the bytes searched, up to ``deadline``)."""
         cur, at, end = self.tailer, 0, len(buf)
         view = as_view(buf)
         while end - at >= tfrecord.HEADER:
@@ -178,13 +217,13 @@ class TfEventsStream(MetricFileStream):
                     self._lost = True
                     self.skipped("framing", f"damaged record header at byte {base + at}; skipping to the "
                                  "next well-formed record")
-                nxt = tfrecord.resync(buf, at + 1)
-                if nxt is None:
-                    if base + end >= size:
-                        break  # the rest may be a header being written: look again later
-                    nxt = end - tfrecord.HEADER + 1  # go on searching in the next chunk
-                at = nxt
+                nxt, resume = tfrecord.resync(buf, at + 1, deadline)
+                # (before ``resume`` no header starts: the offset goes there, and a header being
+                # written at the end of the file is looked for again when it is whole)
+                at = resume
                 cur.offset = base + at
+                if nxt is None:
+                    break
                 continue
             self._lost = False
             total = tfrecord.HEADER + length + tfrecord.FOOTER
@@ -196,7 +235,10 @@ class TfEventsStream(MetricFileStream):
             elif at + total <= end:
                 self._record(view, at, length, base + at, mmap, t, out)
             elif at == 0:  # longer than a chunk but within the limit: read it whole
-                self._record(as_view(cur.pread(total, base)), 0, length, base, mmap, t, out)
+                whole = cur.pread(total, base)
+                if len(whole) < total:
+                    break  # (an I/O error, said by the cursor: try again at the next poll)
+                self._record(as_view(whole), 0, length, base, mmap, t, out)
             else:
                 break  # the next chunk starts with it
             at += total
@@ -209,7 +251,7 @@ class TfEventsStream(MetricFileStream):
         data = view[at + tfrecord.HEADER:at + tfrecord.HEADER + length]
         self.stats.lines += 1
         try:
-            wall, step, values = decode_event(data, mmap)
+            wall, step, values = decode_event(data, mmap, self.unmapped)
         except (WireError, struct.error, OverflowError) as exc:
             # which of the two: worth a CRC only for a record of a scalar's size
             if length <= 1 << 16 and not tfrecord.data_ok(view, at + tfrecord.HEADER, length):

@@ -5,7 +5,9 @@ CRC-32C of the data``. Pure Python (no tensorflow, no crc32c package): the CRC i
 
 from __future__ import annotations
 
+import re
 import struct
+import time
 
 HEADER = 12
 FOOTER = 4
@@ -60,9 +62,11 @@ def frame(data: bytes) -> bytes:
 
 def header(buf: bytes | memoryview, at: int) -> int | None:
     """The data length of the record whose header starts at ``at`` of ``buf``; None when the
-    header's CRC does not hold or the length is not sane (the framing is lost there)."""
+    header's CRC does not hold or the length is not sane (the framing is lost there). Twelve zero
+    bytes (a zero-filled stretch: a crash's unwritten tail, a preallocated file) are refused before
+    the CRC: no writer frames an empty Event."""
     length, crc = struct.unpack_from("<QI", buf, at)
-    if length > MAX_SANE or masked_crc(bytes(buf[at:at + 8])) != crc:
+    if length > MAX_SANE or (length == 0 and crc == 0) or masked_crc(bytes(buf[at:at + 8])) != crc:
         return None
     return length
 
@@ -73,16 +77,31 @@ def data_ok(buf: bytes | memoryview, at: int, length: int) -> bool:
     return masked_crc(buf[at:at + length]) == crc
 
 
-def resync(buf: bytes, start: int) -> int | None:
-    """The first offset at or after ``start`` where a well-formed header lies, None when ``buf``
-    holds none (a real length is below 4 GiB, so its high 4 bytes are zero: only those places are
-    checked)."""
+_NONZERO = re.compile(rb"[^\0]")
+
+
+def resync(buf: bytes, start: int, deadline: float | None = None) -> tuple[int | None, int]:
+    """``(found, resume)``: the first offset at or after ``start`` where a well-formed header lies
+    (``found``, None when ``buf`` holds none), and where a later search goes on (``found``, the
+    first place a header was not checked because it does not fit in ``buf``, or where the search
+    stopped at ``deadline``, a ``time.monotonic()``). A real length is below 4 GiB, so its high 4
+    bytes are zero: only those places are candidates, and a zero-filled stretch is passed over at
+    once (its candidates are twelve zero bytes, refused without a CRC)."""
     at = start
+    checked = 0
     while True:
         z = buf.find(b"\0\0\0\0", at + 4)
         if z < 0 or z - 4 + HEADER > len(buf):
-            return None
+            return None, max(start, len(buf) - HEADER + 1)
         cand = z - 4
-        if cand >= start and header(buf, cand) is not None:
-            return cand
+        if cand >= start:
+            if not any(buf[cand:cand + HEADER]):  # zero fill: go to its end
+                m = _NONZERO.search(buf, cand)
+                at = max(cand + 1, (m.start() if m else len(buf)) - HEADER + 1)
+                continue
+            if header(buf, cand) is not None:
+                return cand, cand
+            checked += 1
+            if deadline is not None and checked % 256 == 0 and time.monotonic() > deadline:
+                return None, cand + 1
         at = cand + 1

@@ -69,3 +69,23 @@ def test_a_torn_and_damaged_file_says_so_on_stderr(tmp_path):
     r = json.loads(proc.stdout)
     assert proc.returncode == 0 and pages(r) == [] and r["records"] > 0
     assert "2 record(s) not read" in proc.stderr and "CRC" in proc.stderr and "torn" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["metrics.csv", "events.out.tfevents.1.host.1.0"])
+def test_a_file_with_no_mapped_name_is_said_with_its_names_and_exits_2(tmp_path, name):
+    path = tmp_path / name
+    if name == "metrics.csv":
+        path.write_bytes(b"epoch,step,acc\n0,1,0.5\n0,2,0.6\n")
+    else:  # the real HF file with its tags renamed out of the map (same lengths; CRCs recomputed)
+        from support.metricfiles import records
+        from precision_agent.readers import tfrecord
+        renamed = [r[12:-4].replace(b"train/", b"trn_x/").replace(b"eval/", b"evl_x") for r in
+                   records(event_file("hf_ok"))]
+        path.write_bytes(b"".join(tfrecord.frame(r) for r in renamed))
+    proc = subprocess.run([sys.executable, "-m", "precision_agent", "replay", "--json", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["records"] == 0 and r["unrecognized"]["sample"]
+    assert "none is mapped" in proc.stderr and "PRECISION_AGENT_METRIC_MAP" in proc.stderr
+    assert ("epoch, step, acc" if name == "metrics.csv" else "trn_x/loss") in proc.stderr

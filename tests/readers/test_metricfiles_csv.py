@@ -104,3 +104,86 @@ def test_run_identity_of_structured_files():
     assert a == {"run": "exp1_lightning_logs_version_3"} and a != b
     assert run_labels("/data/exp1/lightning_logs/version_3/metrics.csv", "file", {"run": "mine"}) == {"run": "mine"}
     assert run_labels("/data/tb/events.out.tfevents.1.h.2.0", "parent_dir", {}) == {"run": "tb"}
+
+
+def test_a_row_over_the_limit_is_skipped_unread_and_the_rows_after_it_are_read(tmp_path):
+    """At the default limit (1 MiB, the read chunk too) a longer row stopped the file for good."""
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(b"step,loss\n1,0.5\n2," + b"7" * (1 << 20) + b"\n3,nan\n")
+    s = open_stream(str(path))
+    out = pairs(s.poll(now=0.0))
+    assert out[0] == ("loss", 1, 0.5) and out[1][:2] == ("loss", 3) and math.isnan(out[1][2]) and len(out) == 2
+    assert s.stats.skipped == 1 and "skipped unread" in s.parser.errors[0]
+    assert s.position.offset == os.path.getsize(path) and s.position.line == 4
+
+
+def test_rows_longer_than_a_read_but_within_the_limit_are_read(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(b"step,loss,note\n1,1.5," + b",".join([b"x" * 1023] * 2048) + b"\n2,nan,\n")  # 2 MiB
+    s = open_stream(str(path), max_line_bytes=4 << 20)
+    out = pairs(s.poll(now=0.0))
+    assert out[0] == ("loss", 1, 1.5) and out[1][:2] == ("loss", 2) and s.stats.skipped == 0
+    small = tmp_path / "b" / "metrics.csv"
+    small.parent.mkdir()
+    small.write_bytes(b"step,loss,note\n1,2.5," + b"x" * 500 + b"\n2,nan,\n")
+    s = open_stream(str(small))
+    got = [p for _ in range(4) for p in pairs(s.poll(budget_bytes=100, now=0.0))]  # a budget under a row
+    assert got[0] == ("loss", 1, 2.5) and got[1][:2] == ("loss", 2)
+
+
+def test_an_unterminated_long_row_is_searched_once_and_is_no_backlog(tmp_path, monkeypatch):
+    from precision_agent.readers.filecursor import FileCursor
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(b"step,loss\n1,0.5\n2," + b"7" * (3 << 20))
+    s = open_stream(str(path))
+    looked = []
+    real = FileCursor.pread
+    monkeypatch.setattr(FileCursor, "pread", lambda self, n, at: looked.append(len(b := real(self, n, at))) or b)
+    assert pairs(s.poll(now=0.0)) == [("loss", 1, 0.5)]
+    assert s.tailer.unread_bytes() == 0 and s.position.line == 2
+    first = sum(looked)
+    for _ in range(3):
+        assert s.poll(now=0.0) == []
+    assert sum(looked) - first < 64 << 10, "the long row was scanned again at every poll"
+    with open(path, "ab") as f:
+        f.write(b"7" * (1 << 20) + b"\n3,nan\n")
+    out = pairs(s.poll(now=0.0))
+    assert [m for m, st, _ in out] == ["loss"] and out[0][1] == 3 and math.isnan(out[0][2])
+    assert sum(looked) - first < (1 << 20) + (64 << 10) and s.stats.skipped == 1
+
+
+def test_start_at_end_keeps_the_header_and_counts_the_rows_already_there(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(b"step,loss\n1,nan\n2,0.5\n3,0.")
+    s = open_stream(str(path), start_at_end=True)
+    assert s.poll(now=0.0) == [] and s.position.line == 3
+    with open(path, "ab") as f:
+        f.write(b"25\n4,nan\n")
+    out = pairs(s.poll(now=0.0))
+    assert out[0] == ("loss", 3, 0.25) and out[1][:2] == ("loss", 4) and s.position.line == 5
+    early, final = before_rewrite("lightning_ok")  # the logger's rewrite after start_at_end
+    path2 = tmp_path / "b" / "metrics.csv"
+    path2.parent.mkdir()
+    path2.write_bytes(early)
+    s = open_stream(str(path2), start_at_end=True)
+    assert s.poll(now=0.0) == []
+    path2.write_bytes(final)
+    rest = pairs(s.poll(now=0.0))
+    full = open_stream(str(path2)).finish(now=0.0)
+    old_rows = early.count(b"\n") - 1
+    assert rest and rest == [p for p, x in zip(pairs(full), full) if x.source.line > old_rows + 1]
+
+
+def test_start_at_end_reads_a_file_that_appears_or_fills_later_in_full(tmp_path):
+    path = tmp_path / "metrics.csv"
+    s = open_stream(str(path), start_at_end=True)  # not there yet: a new run's file
+    assert s.poll(now=0.0) == []
+    path.write_bytes(b"step,loss\n1,nan\n")
+    assert pairs(s.poll(now=0.0))[0][:2] == ("loss", 1)
+    empty = tmp_path / "b" / "metrics.csv"
+    empty.parent.mkdir()
+    empty.write_bytes(b"")
+    s = open_stream(str(empty), start_at_end=True)
+    assert s.poll(now=0.0) == []
+    empty.write_bytes(b"step,loss\n1,nan\n")  # (the logger's first flush)
+    assert pairs(s.poll(now=0.0))[0][:2] == ("loss", 1)

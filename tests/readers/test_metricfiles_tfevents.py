@@ -163,6 +163,20 @@ def test_a_replaced_file_is_read_from_its_start(tmp_path):
     assert again[0].step == 1
 
 
+@pytest.mark.parametrize("name", ["events.out.tfevents.1.host.1.0", "metrics.csv"])
+def test_a_file_replaced_by_a_directory_is_an_error_not_an_exception(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"".join(records(event_file("hf_ok"))[:10]) if name != "metrics.csv"
+                     else b"step,loss\n1,2.0\n")
+    s = open_stream(str(path))
+    assert s.poll(now=0.0)
+    os.replace(path, tmp_path / "old")
+    path.mkdir()  # (a directory is no regular file: safeio refuses it)
+    assert s.poll(now=0.0) == [] and s.poll(now=0.0) == []
+    events = s.tailer.drain_events()
+    assert [e for e, _ in events if e == TailEvent.ERROR] and "directory" in " ".join(m for _, m in events)
+
+
 def test_content_sniffing_and_names(tmp_path):
     renamed = tmp_path / "tb.bin"
     renamed.write_bytes(event_file("hf_ok").read_bytes())
@@ -170,7 +184,29 @@ def test_content_sniffing_and_names(tmp_path):
     text.write_text("step 1 loss 2.0\n")
     assert file_kind(str(renamed)) == "tfevents" and file_kind(str(text)) == "text"
     assert file_kind(str(tmp_path / "metrics.csv")) == "csv"
-    assert file_kind(str(text), "tfevents") == "tfevents" and file_kind(str(renamed), "megatron") == "text"
+    assert file_kind(str(text), "tfevents") == "tfevents"
+
+
+@pytest.mark.parametrize("fmt", ["hf_trainer", "megatron", "custom"])
+def test_a_pinned_text_format_pins_text_logs_only(tmp_path, fmt):
+    """The default include picks up event files and metrics.csv beside the logs: a watch with
+    ``format: hf_trainer`` must not feed them to the HF text parser."""
+    renamed = tmp_path / "tb.bin"
+    renamed.write_bytes(event_file("hf_ok").read_bytes())
+    named = tmp_path / "events.out.tfevents.1.host.1.0"
+    named.write_bytes(event_file("hf_nan").read_bytes())
+    text = tmp_path / "train.log"
+    text.write_text("step 1 loss 2.0\n")
+    csv = tmp_path / "metrics.csv"
+    csv.write_bytes(b"step,loss\n1,nan\n")
+    kinds = {p.name: file_kind(str(p), fmt) for p in (renamed, named, text, csv, tmp_path / "table.csv")}
+    assert kinds == {"tb.bin": "tfevents", named.name: "tfevents", "train.log": "text", "metrics.csv": "csv",
+                     "table.csv": "text"}
+    pattern = r"step (?P<step>\d+) loss (?P<loss>\S+)" if fmt == "custom" else None
+    s = open_stream(str(named), fmt=fmt, pattern=pattern)
+    assert s.format == "tfevents" and math.isnan(series(s.finish(now=0.0), "loss")[HF_NAN_STEP])
+    s = open_stream(str(csv), fmt=fmt, pattern=pattern)
+    assert s.format == "csv" and math.isnan(s.finish(now=0.0)[0].value)
 
 
 def test_a_user_map_extends_the_shipped_one_and_a_broken_one_is_said(tmp_path, monkeypatch):
@@ -227,3 +263,53 @@ def test_tensor_scalar_encodings(tmp_path, dtype, body, value):
         assert got[0][:2] == ("loss", 5) and math.isnan(got[0][2])
     else:
         assert got == [("loss", 5, value)]
+
+
+def test_a_zero_filled_stretch_costs_little_per_poll_and_the_records_after_it_are_read(tmp_path, monkeypatch):
+    """A crash's zero-filled tail (ext4 delayed allocation) or a preallocated file: the search for
+    the next header must not run a CRC at every byte (20 s for 4 MiB in one poll)."""
+    recs = records(event_file("hf_nan"))
+    path = tmp_path / "events.out.tfevents.1.host.1.0"
+    path.write_bytes(b"".join(recs[:10]) + b"\0" * (4 << 20) + b"".join(recs[10:]))
+    crcs = []
+    real = tfrecord.masked_crc
+
+    def counted(data):
+        crcs.append(1)
+        assert len(crcs) < 50_000, "a CRC per byte of the zero-filled stretch"
+        return real(data)
+    monkeypatch.setattr(tfrecord, "masked_crc", counted)
+    s = open_stream(str(path))
+    samples, polls = [], 0
+    while (polls == 0 or s.position.offset < os.path.getsize(path)) and polls < 50:
+        samples += s.poll(budget_bytes=1 << 20, now=0.0)  # a budget below the stretch: several polls
+        polls += 1
+    assert polls > 1 and s.stats.skipped == 1
+    assert math.isnan(series(samples, "loss")[HF_NAN_STEP]) and len(series(samples, "loss")) == len(
+        series(read(event_file("hf_nan")), "loss"))
+
+
+def test_start_at_end_skips_the_records_already_there(tmp_path):
+    """A week-old NaN in an old run's event file must not page when the watch says start_at_end."""
+    recs = records(event_file("hf_nan"))
+    path = tmp_path / "events.out.tfevents.1.host.1.0"
+    cut = len(recs) - 5
+    path.write_bytes(b"".join(recs[:cut]) + recs[cut][:20])  # the NaN step, then a torn record
+    s = open_stream(str(path), start_at_end=True)
+    assert s.poll(now=0.0) == [] and s.position.offset == len(b"".join(recs[:cut])) and s.position.line == cut
+    with open(path, "ab") as f:
+        f.write(recs[cut][20:] + b"".join(recs[cut + 1:]))
+    rest = s.poll(now=0.0)
+    whole = read(event_file("hf_nan"))
+    assert rest and [(x.metric, x.step) for x in rest] == [(x.metric, x.step) for x in whole[-len(rest):]]
+    assert all(x.step > HF_NAN_STEP for x in rest)
+    saved = open_stream(str(path), position=s.position, start_at_end=True)  # a saved offset wins
+    assert saved.poll(now=0.0) == [] and saved.position == s.position
+
+
+def test_start_at_end_reads_an_event_file_that_appears_later_in_full(tmp_path):
+    path = tmp_path / "events.out.tfevents.1.host.1.0"
+    s = open_stream(str(path), start_at_end=True)
+    assert s.poll(now=0.0) == []
+    path.write_bytes(event_file("hf_nan").read_bytes())
+    assert math.isnan(series(s.poll(now=0.0), "loss")[HF_NAN_STEP])
