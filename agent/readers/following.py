@@ -155,8 +155,8 @@ class Follower:
             if len(self._internal_errors) > 10000:
                 self._internal_errors.clear()
             self._internal_errors.add(key)
-            log.exception("internal error reading %s", path)
-            self.health.error("internal", "reading %s: %s: %s", path, type(exc).__name__, exc)
+            log.exception("internal error reading %s (the other files go on)", path)
+            self.health.error("internal", "reading %s: %s: %s", path, type(exc).__name__, exc, logged=False)
 
     def _read_one(self, path: str, touched: set[str]) -> None:
         """One turn of one file (see read)."""
