@@ -247,10 +247,14 @@ class BasicAuth:
       under a per-process key, as exporter-toolkit does): a scraper with the right password, and
       a flood repeating a wrong one, cost no bcrypt after the first time;
     * a client address whose last attempts failed gets at most ``FAIL_BURST`` more bcrypt checks,
-      one more per ``FAIL_INTERVAL`` seconds; and all clients together get one per
+      one more per ``FAIL_INTERVAL`` seconds; and all such clients together get one per
       ``GLOBAL_INTERVAL`` s (bursts of ``GLOBAL_BURST``). Beyond, the answer is 429 without a
-      bcrypt check (``verify`` says "throttled"), so a flood costs the host at most about a
-      third of one core and the cached scraper is served as fast as ever.
+      bcrypt check (``verify`` says "throttled"), so a flood costs the host little and the cached
+      scraper is served as fast as ever;
+    * a client address not seen failing is never refused (its check still takes from the global
+      budget): a flood spread over many addresses cannot lock out a scraper whose credentials are
+      not cached yet (its first scrape after a restart or a reload), which would read ``up == 0``.
+      Each flooding address gets that one check, then it is throttled like any failing client.
 
     Unknown users pay the same cost as known ones."""
 
@@ -293,8 +297,10 @@ class BasicAuth:
             if key in self._bad:
                 return "denied"
             bucket = self._clients.get(client)
-            if (bucket is not None and not bucket.allow()) or not self._budget.allow():
+            if bucket is not None and not (bucket.allow() and self._budget.allow()):
                 return "throttled"
+            if bucket is None:
+                self._budget.allow()  # counts against the others, never refused (see the class)
         try:
             ok = self._bcrypt.checkpw(password.encode(), hashed or self._dummy) and hashed is not None
         except ValueError:
@@ -305,8 +311,8 @@ class BasicAuth:
                 cache.clear()
             cache[key] = None
             if not ok and client not in self._clients:
-                if len(self._clients) >= self.MAX_CACHE:
-                    self._clients.clear()
+                if len(self._clients) >= self.MAX_CACHE:  # the oldest out, not all: the rest stay throttled
+                    del self._clients[next(iter(self._clients))]
                 self._clients[client] = RateLimit(self.FAIL_INTERVAL, self.FAIL_BURST)
         return "ok" if ok else "denied"
 

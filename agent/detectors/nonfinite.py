@@ -21,9 +21,12 @@ keep counting, resolving ``resolve_after`` after the last.
 A loss of exactly 0 beside a non-finite grad norm of the same report is a hidden NaN loss: HF
 Trainer's ``logging_nan_inf_filter`` (on by default) logs a non-finite step's loss as the mean
 of the window's finite losses, 0 when none was finite, so after a fault every report reads
-``{'loss': '0', 'grad_norm': 'nan'}``. A scaler's skipped step leaves the loss finite and
-non-zero, so this hits at once in every precision (``hidden_nan_loss``), whichever of the pair
-comes first (stdout prints the loss first; an event file may order its tags either way).
+``{'loss': '0', 'grad_norm': 'nan'}``. Whichever of the pair comes first (stdout prints the loss
+first; an event file may order its tags either way), it hits at once in a run without loss scaling
+(``hidden_nan_loss``). Where the run scales its loss, or may, it hits on the second report in a row
+that shows the pair: HF 4.x prints ``round(loss, 4)``, so a converged loss below 5e-5 reads ``0.0``
+and one routine scaler overflow gives ``{'loss': 0.0, 'grad_norm': inf}`` once; the filter's
+stand-in repeats on every report after the fault.
 """
 
 from __future__ import annotations
@@ -46,8 +49,9 @@ class NonfiniteParams(Params):
     # a loss-scaled run's first reports overflow while the scale falls from its initial value
     # (GradScaler 2^16, DeepSpeed up to 2^32): non-finite grad norms among them are warm-up
     grad_norm_warmup: int = Field(16, ge=0)
-    # a loss of exactly 0 beside a non-finite grad norm of the same report hits at once (HF's
-    # logging_nan_inf_filter writes 0 for a NaN loss)
+    # a loss of exactly 0 beside a non-finite grad norm of the same report hits (HF's
+    # logging_nan_inf_filter writes 0 for a NaN loss): at once without loss scaling, else on the
+    # second such report in a row
     hidden_nan_loss: bool = True
 
     @field_validator("metrics")
@@ -138,24 +142,35 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
         here = (sample.step, sample.source.path, sample.source.line if sample.step is None else -1)
         if sample.metric == LOSS:
             t.zero_loss_at = here if sample.value == 0.0 else None
-            if t.zero_loss_at is None or t.bad_norm_at != here:
+            if t.zero_loss_at is None:
+                t.pairs = 0  # a report with a non-zero loss ends a run of hidden-NaN reports
+                return None
+            if t.bad_norm_at != here:
                 return None
             norm, loss_sample = t.bad_norm, sample
         else:
             t.bad_norm_at = None if math.isfinite(sample.value) else here
             t.bad_norm = sample.value
-            if t.bad_norm_at is None or t.zero_loss_at != here:
+            if t.bad_norm_at is None:
+                t.pairs = 0  # a finite grad norm ends it too
+                return None
+            if t.zero_loss_at != here:
                 return None
             norm, loss_sample = sample.value, sample
         t.zero_loss_at = t.bad_norm_at = None  # one hit per report
+        t.pairs += 1
+        scaling = series.loss_scaling
+        if scaling != "no" and t.pairs < 2:
+            return None  # once: may be a rounded converged loss beside a scaler's skipped step
         return Hit(sample.labels + (("metric", LOSS),), f"loss is hidden NaN/Inf (logged 0 beside grad_norm {norm})",
                    math.nan, loss_sample.step if loss_sample.step is not None else series.last_step, loss_sample.source,
                    {"metric": LOSS, "value": "0 (hidden non-finite)", "grad_norm": repr(norm),
-                    "hidden_by": "logging_nan_inf_filter"})
+                    "hidden_by": "logging_nan_inf_filter", "reports_in_a_row": t.pairs,
+                    "loss_scaling": scaling})
 
 
 class _Streak:
-    __slots__ = ("n", "reports", "bad_step", "bad_at", "zero_loss_at", "bad_norm_at", "bad_norm")
+    __slots__ = ("n", "reports", "bad_step", "bad_at", "zero_loss_at", "bad_norm_at", "bad_norm", "pairs")
 
     def __init__(self) -> None:
         self.n = 0        # non-finite grad-norm reports in a row (after warm-up)
@@ -165,3 +180,4 @@ class _Streak:
         self.zero_loss_at: tuple | None = None  # (step, path, line) of the last report whose loss was 0
         self.bad_norm_at: tuple | None = None   # the same for the last non-finite grad norm
         self.bad_norm = math.nan
+        self.pairs = 0  # reports in a row that showed a zero loss beside a non-finite grad norm

@@ -53,14 +53,17 @@ class Follower:
         self._open_lru: OrderedDict[str, None] = OrderedDict()  # streams holding a descriptor
         self._refused: set[str] = set()  # files not followed because of limits.max_files
         self._gone: set[str] = set()      # deleted files still read through their open descriptor
+        self._gone_open: dict[str, None] = {}  # those of them holding a descriptor (max_open_files)
         lim = config.limits  # files that grow but yield no record: the agent says it is blind
         self.yields = YieldWatch(lim.unrecognized_lines, lim.unrecognized_after, lim.unrecognized_min_lines)
+        self._internal_errors: set[tuple[str, str, str]] = set()  # (path, cause) said once
         self._map_errors: set[str] = set()  # $PRECISION_AGENT_METRIC_MAP errors already reported
         # descriptors held at most (the daemon may lower it to fit RLIMIT_NOFILE: daemon/fdlimit.py)
         self.max_open_files = config.limits.max_open_files
         self.unread: dict[str, int] = {}  # path -> bytes written but not read yet (the backlog)
         self.backlog: dict[str, None] = {}  # paths to read at the next read(), after the fresh ones
         self._again: deque[str] = deque()  # files with more to read, for another turn in this read()
+        self._first: deque[str] = deque()  # deleted files over the descriptor budget: drained first
 
     def resync(self, touch_dump: Callable[[str], None]) -> list[str]:
         """Paths that may have changed, derived from the file system itself: new files, and
@@ -81,10 +84,15 @@ class Follower:
             try:
                 st = os.stat(path)
             except OSError:
-                if stream is not None and path not in self._gone:
+                if stream is None:
+                    self.unread.pop(path, None)  # never opened (max_files, or not yet): nothing left to read
+                elif path not in self._gone:
                     # gone: the open descriptor still holds the rest; read it to its end (a budget
                     # per pass, like any file) and only then forget the file (in read)
                     self._gone.add(path)
+                    if stream.tailer.is_open:  # it still counts against max_open_files
+                        self._open_lru.pop(path, None)
+                        self._gone_open[path] = None
                     changed.append(path)
                 continue
             pos = stream.position if stream is not None else None
@@ -95,6 +103,8 @@ class Follower:
                 same = pos is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino)
                 self.unread[path] = max(st.st_size - (pos.offset if same else 0), 0)
             changed.append(path)
+        for path in [p for p in self.unread if p not in candidates]:
+            self.unread.pop(path)  # gone before it was opened (or refused by max_files): no backlog
         self._publish_backlog()
         return changed
 
@@ -105,65 +115,89 @@ class Follower:
         after each of 10,000 others had theirs; two such files share). Returns the paths whose
         position moved."""
         paths = dict.fromkeys([*paths, *self.backlog])
-        order, again = deque(paths), self._again
+        if self._gone_open and self._over_budget(opening=True):  # deleted files first: read out, their descriptors go
+            paths = dict.fromkeys([*(p for p in paths if p in self._gone_open), *paths])
+        order, again, first = deque(paths), self._again, self._first
         again.clear()
+        first.clear()
         self.backlog = {}
         deadline = time.monotonic() + PASS_SECONDS
         touched: set[str] = set()
         turn = 0
-        while order or again:
+        while order or again or first:
             if self.stopping():
                 break
             if turn and time.monotonic() > deadline:
-                self.backlog = dict.fromkeys([*again, *order])  # behind files first next time
+                self.backlog = dict.fromkeys([*first, *again, *order])  # behind files first next time
                 break
             turn += 1
-            path = again.popleft() if again and (turn % 2 or not order) else order.popleft()
+            if first:
+                path = first.popleft()
+            else:
+                path = again.popleft() if again and (turn % 2 or not order) else order.popleft()
             self.beat.beat()  # a long catch-up pass is progress, not a hang
             if path not in self.streams and (w := watch_for(self.config.watches, path)) is not None \
                     and w.kind == "dump":
                 self.on_dump(path)
                 continue
-            stream = self.streams.get(path) or self._open(path)
-            if stream is None:
-                continue
-            before = stream.stats.lines, stream.stats.bytes, stream.stats.records, stream.stats.truncated_lines, \
-                stream.stats.skipped
-            consumed = stream.tailer.consumed_bytes
-            samples = stream.poll(self.config.limits.read_budget_bytes)
-            for event, message in stream.tailer.drain_events():
-                self._tail_event(path, event, message)
-            for message in stream.parser.errors:
-                self.health.error("parse", "%s: %s", path, message)
-            stream.parser.errors.clear()
-            if samples:
-                self.sink(samples)
-            st = stream.stats
-            if st.lines != before[0]:
-                self._judge_yield(path, stream)  # before the counters move: a verdict is never behind them
-                self.health.inc("log_lines_read", st.lines - before[0])
-                self.health.inc("log_bytes_read", st.bytes - before[1])
-                self.health.inc("log_records_parsed", st.records - before[2])
-                self.health.inc("log_lines_truncated", st.truncated_lines - before[3])
-            if st.skipped != before[4]:
-                self.health.inc("metric_records_skipped", st.skipped - before[4])
-            if stream.position is not None and stream.position != self.offsets.get(path):
-                touched.add(path)
-            self._schedule(path, stream.tailer.consumed_bytes - consumed)
-            if path in self._gone and not os.path.lexists(path):
-                if stream.tailer.unread_bytes() == 0:
-                    self._drop(path)
-                    touched.discard(path)
-                    log.info("%s is gone and was read to its end; stopped following it", path)
-                else:
-                    self.requeue(path)
-            else:
-                self._gone.discard(path)  # it came back (a new file under the same name)
-            self._limit_open_files(path)
+            try:
+                self._read_one(path, touched)
+            except Exception as exc:  # noqa: BLE001 - one reader's bug must not end the pass for every file
+                self._internal(path, exc)
         self.health.set("watched_log_files", len(self.streams))
         self.health.set("log_files_unrecognized", self.yields.blind)
         self._publish_backlog()
         return touched
+
+    def _internal(self, path: str, exc: Exception) -> None:
+        """A bug in reading one file: said once per file and cause, and the pass goes on."""
+        key = (path, type(exc).__name__, str(exc))
+        if key not in self._internal_errors:
+            if len(self._internal_errors) > 10000:
+                self._internal_errors.clear()
+            self._internal_errors.add(key)
+            log.exception("internal error reading %s (the other files go on)", path)
+            self.health.error("internal", "reading %s: %s: %s", path, type(exc).__name__, exc, logged=False)
+
+    def _read_one(self, path: str, touched: set[str]) -> None:
+        """One turn of one file (see read)."""
+        stream = self.streams.get(path) or self._open(path)
+        if stream is None:
+            return
+        before = stream.stats.lines, stream.stats.bytes, stream.stats.records, stream.stats.truncated_lines, \
+            stream.stats.skipped
+        consumed = stream.tailer.consumed_bytes
+        samples = stream.poll(self.config.limits.read_budget_bytes)
+        for event, message in stream.tailer.drain_events():
+            self._tail_event(path, event, message)
+        for message in stream.parser.errors:
+            self.health.error("parse", "%s: %s", path, message)
+        stream.parser.errors.clear()
+        if samples:
+            self.sink(samples)
+        st = stream.stats
+        if st.lines != before[0]:
+            self._judge_yield(path, stream)  # before the counters move: a verdict is never behind them
+            self.health.inc("log_lines_read", st.lines - before[0])
+            self.health.inc("log_bytes_read", st.bytes - before[1])
+            self.health.inc("log_records_parsed", st.records - before[2])
+            self.health.inc("log_lines_truncated", st.truncated_lines - before[3])
+        if st.skipped != before[4]:
+            self.health.inc("metric_records_skipped", st.skipped - before[4])
+        if stream.position is not None and stream.position != self.offsets.get(path):
+            touched.add(path)
+        self._schedule(path, stream.tailer.consumed_bytes - consumed)
+        if path in self._gone and not os.path.lexists(path):
+            if stream.tailer.unread_bytes() == 0:
+                self._drop(path)
+                touched.discard(path)
+                log.info("%s is gone and was read to its end; stopped following it", path)
+            else:
+                self.requeue(path)
+        else:
+            self._gone.discard(path)  # it came back (a new file under the same name)
+            self._gone_open.pop(path, None)
+        self._limit_open_files(path)
 
     def _schedule(self, path: str, consumed: int) -> None:
         """Give a file that has more to read another turn (see read): whether the turn spent its
@@ -174,12 +208,15 @@ class Follower:
         unread = stream.tailer.unread_bytes()
         self.unread[path] = unread
         if consumed >= self.config.limits.read_budget_bytes or (consumed > 0 and unread > 0):
-            self._again.append(path)
+            if path in self._gone_open and self._over_budget(opening=True):
+                self._first.append(path)  # read it out: its descriptor is beyond max_open_files
+            else:
+                self._again.append(path)
 
     def _publish_backlog(self) -> None:
         self.health.set("log_unread_bytes", sum(self.unread.values()))
         self.health.set("log_files_behind", sum(1 for n in self.unread.values() if n > 0))
-        self.health.set("log_files_open", len(self._open_lru))
+        self.health.set("log_files_open", len(self._open_lru) + len(self._gone_open))
 
     def positions(self, paths: Iterable[str]) -> dict[str, TailPosition]:
         """The current positions of ``paths`` (for the next commit)."""
@@ -210,6 +247,7 @@ class Follower:
         if verdicts := self.yields.forget(path, time.time()):
             self.sink(verdicts)
         self._gone.discard(path)
+        self._gone_open.pop(path, None)
         stream = self.streams.pop(path)
         stream.close()
         self._open_lru.pop(path, None)
@@ -221,21 +259,32 @@ class Follower:
         """After each file read (not after a pass: a first pass over 10,000 files must not hold
         10,000 descriptors), close the least recently read ones beyond max_open_files, so the
         hottest files stay open; a closed tailer keeps its position and reopens (checking the
-        inode) on its next read."""
+        inode) on its next read. A deleted file's descriptor counts too but is never closed (that
+        would lose what is left): it is read out first while over the budget (see read)."""
         lru = self._open_lru
         stream = self.streams.get(just_read)
         lru.pop(just_read, None)
-        if stream is not None and stream.tailer.is_open and just_read not in self._gone:
-            # (a deleted file keeps its descriptor: closing it would lose what is left)
-            lru[just_read] = None  # most recently read last
-        while len(lru) > self.max_open_files:
+        if stream is not None and stream.tailer.is_open:
+            if just_read not in self._gone:
+                lru[just_read] = None  # most recently read last
+        else:
+            self._gone_open.pop(just_read, None)
+        while lru and self._over_budget():
             path, _ = lru.popitem(last=False)
             if path in self.streams:
                 self.streams[path].tailer.close()
 
+    def _over_budget(self, opening: bool = False) -> bool:
+        """More descriptors held than max_open_files (``opening``: no room for one more)."""
+        return len(self._open_lru) + len(self._gone_open) + opening > self.max_open_files
+
     def _open(self, path: str) -> LogStream | MetricFileStream | None:
         watch = watch_for(self.config.watches, path)
-        if watch is None or watch.kind != "log" or not os.path.isfile(path) or not self.confine.allows(path):
+        if not os.path.isfile(path):
+            self.unread.pop(path, None)  # gone before it was opened: no backlog left behind
+            self._refused.discard(path)
+            return None
+        if watch is None or watch.kind != "log" or not self.confine.allows(path):
             return None
         if len(self.streams) >= self.config.limits.max_files:
             if path not in self._refused:  # say it once per file, not at every event

@@ -185,3 +185,72 @@ def test_a_low_soft_limit_is_raised_to_the_hard_one(tmp_path: Path) -> None:
         assert agent.metric("precision_agent_log_files_open") == 300  # all fit: none closed
     finally:
         agent.stop()
+
+
+def test_a_refused_file_deleted_leaves_no_backlog(tmp_path: Path) -> None:
+    """A file not followed (limits.max_files) still counts as unread; deleted, it must stop
+    counting, or PrecisionAgentLogBacklog fires until a restart."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    other = tmp_path / "other"
+    other.mkdir()
+    write_megatron(logs / "a.log", 1, 10)
+    write_megatron(other / "b.log", 1, 20)  # another size: the backlog tells which one was refused
+    cfg = config(tmp_path, resync_interval="200ms", limits={"max_files": 1})
+    agent = AgentProcess(logs, tmp_path / "state", "--config", str(cfg), "--watch", str(other)).start()
+    try:
+        wait_for(lambda: agent.metric("precision_agent_log_files_behind") == 1, 30, what="the refused file's backlog")
+        refused = next(p for p in (logs / "a.log", other / "b.log") if agent.metric("precision_agent_log_unread_bytes")
+                       == p.stat().st_size)
+        refused.unlink()
+        wait_for(lambda: agent.metric("precision_agent_log_files_behind") == 0
+                 and agent.metric("precision_agent_log_unread_bytes") == 0, 30, what="the deleted file's backlog to go")
+    finally:
+        agent.stop()
+
+
+def test_deleted_files_read_out_count_against_max_open_files(tmp_path: Path) -> None:
+    """Files deleted part-way through a catch-up keep their descriptors until read out; with new
+    files arriving meanwhile, the descriptors held stay within max_open_files."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    limit = 4
+    first = logs / "a0.log"
+    write_megatron(first, 1, 12000)  # ~3 MB: many 16 KiB budgets
+    for i in range(1, 6):
+        shutil.copyfile(first, logs / f"a{i}.log")
+    total = 6 * first.stat().st_size
+    cfg = config(tmp_path, resync_interval="200ms",
+                 limits={"max_open_files": limit, "read_budget_bytes": "16KiB", "read_chunk_bytes": "16KiB"})
+    agent = AgentProcess(logs, tmp_path / "state", "--config", str(cfg)).start()
+    try:
+        wait_for(lambda: agent.metric("precision_agent_log_bytes_read_total"), 30, what="the catch-up to start")
+        assert agent.metric("precision_agent_log_bytes_read_total") < total / 2, "must be part-way through"
+        for i in range(6):
+            (logs / f"a{i}.log").unlink()
+        for i in range(6):
+            write_megatron(logs / f"b{i}.log", 1, 4000)
+        peak = 0
+        peak_at: list[str] = []
+
+        def deleted_forgotten() -> bool:
+            nonlocal peak
+            fds = os.listdir(f"/proc/{agent.proc.pid}/fd")
+            targets = []
+            for fd in fds:
+                try:
+                    targets.append(os.readlink(f"/proc/{agent.proc.pid}/fd/{fd}"))
+                except OSError:
+                    continue
+            mine = [t for t in targets if t.startswith(str(logs) + "/")]
+            if len(mine) > peak:
+                peak_at[:] = mine
+            peak = max(peak, len(mine))
+            return not [t for t in mine if "/a" in t[len(str(logs)):]]
+
+        wait_for(deleted_forgotten, 120, interval=0.005, what="the deleted files to be read out")
+        # (+1: the file being opened before the oldest closes, as in the first pass above)
+        assert peak <= limit + 1, [p.rsplit("/", 1)[1] for p in peak_at]
+        assert agent.metric("precision_agent_log_files_open") <= limit
+    finally:
+        agent.stop()

@@ -3,6 +3,8 @@ rate limit and headers on a real listener (in process, real sockets)."""
 
 from __future__ import annotations
 
+import base64
+import http.client as http_client
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from precision_agent.errors import ConfigError
 from precision_agent.exporters.http import HttpExporter
 from precision_agent.exporters.webconfig import load_web_config
-from support.agent import make_certs
+from support.agent import bcrypt_hash, make_certs
 
 
 def load(tmp_path: Path, data: dict):
@@ -64,5 +66,35 @@ def test_rate_limit_and_headers_on_a_real_listener(tmp_path: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as exc:
             urllib.request.urlopen(http.url + "/-/healthy", timeout=5)
         assert exc.value.code == 429
+    finally:
+        http.stop()
+
+
+def get_from(http: HttpExporter, source: str, auth: str) -> int:
+    """GET /metrics with Basic ``auth`` from the loopback address ``source`` (a client of its own)."""
+    conn = http_client.HTTPConnection("127.0.0.1", http.port, timeout=10, source_address=(source, 0))
+    try:
+        conn.request("GET", "/metrics", headers={"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_a_spread_out_flood_does_not_lock_out_a_scraper_not_yet_cached(tmp_path: Path) -> None:
+    """Wrong passwords from many addresses empty the shared bcrypt budget; the scraper's first
+    scrape (after a restart: its credentials not cached yet) from an address of its own is served."""
+    web = load(tmp_path, {"basic_auth_users": {"prom": bcrypt_hash("right")}})
+    http = HttpExporter("127.0.0.1", 0, CollectorRegistry(), dict, dict, lambda: True, web=web)
+    http.start()
+    try:
+        codes = []
+        for i in range(200):  # until the shared budget is spent: a flooder refused at its first tries
+            source = f"127.0.1.{i % 50 + 2}"
+            codes.append(get_from(http, source, f"prom:wrong{i}"))
+            if codes[-1] == 429:
+                break
+        assert codes[-1] == 429 and codes.count(401) >= 8, codes
+        assert get_from(http, "127.0.0.3", "prom:right") == 200  # its first check: never refused
+        assert get_from(http, "127.0.0.3", "prom:right") == 200  # and then cached
     finally:
         http.stop()

@@ -58,13 +58,33 @@ def hf5_log(path, n, hidden_from=None, skips=(), logging_steps=1):
     path.write_text("".join(lines))
 
 
-def test_hidden_nan_loss_pages_at_its_line_in_any_precision(tmp_path):
+def test_hidden_nan_loss_pages_on_its_second_report_where_the_loss_may_be_scaled(tmp_path):
     log = tmp_path / "train.log"
     hf5_log(log, 40, hidden_from=5)  # within the grad-norm warm-up: only the zero loss tells
     r = replay_json(log)
     pages = [f for f in r["findings"] if f["severity"] == "page"]
-    assert pages and pages[0]["rule"] == "TrainingNonFinite" and pages[0]["line"] == 5
+    assert pages and pages[0]["rule"] == "TrainingNonFinite" and pages[0]["line"] == 6
     assert "loss" in pages[0]["summary"]
+
+
+def test_hidden_nan_loss_pages_at_once_in_a_run_stated_bf16(tmp_path):
+    log = tmp_path / "train.log"
+    hf5_log(log, 40, hidden_from=5)
+    log.write_text("TrainingArguments(output_dir='out', bf16=True, fp16=False)\n" + log.read_text())
+    r = replay_json(log)
+    pages = [f for f in r["findings"] if f["severity"] == "page"]
+    assert pages and pages[0]["rule"] == "TrainingNonFinite" and pages[0]["line"] == 6  # report 5, after the hint
+
+
+def test_one_overflow_beside_a_rounded_zero_loss_does_not_page(tmp_path):
+    """HF 4.x logs round(loss, 4): a converged loss prints 0.0, and one routine GradScaler
+    overflow gives {'loss': 0.0, 'grad_norm': inf} once; the next report is healthy again."""
+    log = tmp_path / "train.log"
+    lines = [f"{{'loss': {0.0 if i >= 20 else round(1.0 / i, 4)}, 'grad_norm': {'inf' if i in (30, 44) else 0.01}, "
+             f"'learning_rate': 1e-05, 'epoch': {i / 100}}}\n" for i in range(1, 60)]
+    log.write_text("".join(lines))
+    r = replay_json(log)
+    assert not [f for f in r["findings"] if f["severity"] == "page"], r["findings"]
 
 
 def test_fp16_skips_with_finite_loss_do_not_page(tmp_path):
