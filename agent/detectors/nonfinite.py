@@ -139,7 +139,9 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
         """A zero loss and a non-finite grad norm from the same report (same step, or the same
         line where the report has no step), in either order."""
         t = self._streaks.get(sample.labels)
-        here = (sample.step, sample.source.path, sample.source.line if sample.step is None else -1)
+        src = sample.source
+        # a string, so the detector memory can store it (agent/store/memory.py: scalars only)
+        here = f"{sample.step}|{src.path if src else ''}|{src.line if src and sample.step is None else -1}"
         if sample.metric == LOSS:
             t.zero_loss_at = here if sample.value == 0.0 else None
             if t.zero_loss_at is None:
@@ -159,25 +161,31 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
             norm, loss_sample = sample.value, sample
         t.zero_loss_at = t.bad_norm_at = None  # one hit per report
         t.pairs += 1
+        if t.pairs == 1:   # the incident's first report: the page names it, even when it waits for a second
+            t.first_step = loss_sample.step if loss_sample.step is not None else series.last_step
+            t.first_at = loss_sample.source
         scaling = series.loss_scaling
         if scaling != "no" and t.pairs < 2:
             return None  # once: may be a rounded converged loss beside a scaler's skipped step
         return Hit(sample.labels + (("metric", LOSS),), f"loss is hidden NaN/Inf (logged 0 beside grad_norm {norm})",
-                   math.nan, loss_sample.step if loss_sample.step is not None else series.last_step, loss_sample.source,
+                   math.nan, t.first_step, t.first_at,
                    {"metric": LOSS, "value": "0 (hidden non-finite)", "grad_norm": repr(norm),
                     "hidden_by": "logging_nan_inf_filter", "reports_in_a_row": t.pairs,
                     "loss_scaling": scaling})
 
 
 class _Streak:
-    __slots__ = ("n", "reports", "bad_step", "bad_at", "zero_loss_at", "bad_norm_at", "bad_norm", "pairs")
+    __slots__ = ("n", "reports", "bad_step", "bad_at", "zero_loss_at", "bad_norm_at", "bad_norm", "pairs",
+                 "first_step", "first_at")
 
     def __init__(self) -> None:
         self.n = 0        # non-finite grad-norm reports in a row (after warm-up)
         self.reports = 0  # grad-norm reports of the series so far, counted up to the warm-up's end
         self.bad_step: int | None = None     # step and line of the last non-finite loss or grad norm
         self.bad_at: SourcePos | None = None
-        self.zero_loss_at: tuple | None = None  # (step, path, line) of the last report whose loss was 0
-        self.bad_norm_at: tuple | None = None   # the same for the last non-finite grad norm
+        self.zero_loss_at: str | None = None  # "step|path|line" of the last report whose loss was 0
+        self.bad_norm_at: str | None = None   # the same for the last non-finite grad norm
         self.bad_norm = math.nan
         self.pairs = 0  # reports in a row that showed a zero loss beside a non-finite grad norm
+        self.first_step: int | None = None     # step and line of the first of them
+        self.first_at: SourcePos | None = None
