@@ -123,3 +123,25 @@ def test_start_on_a_full_disk_runs_from_memory_and_saves_when_room_returns(tmp_p
         assert third.metric("precision_agent_log_lines_read_total") == 1
     finally:
         third.kill()
+
+
+def test_dump_origins_on_a_store_that_starts_on_a_full_disk_are_saved_once_there_is_room(small_disk):
+    """No state file and no room: the store starts unavailable (no connection at all). Saving the
+    dump origins names the cause (a StateError, as every other save), and the next commit that
+    works writes them."""
+    from precision_agent.store.causes import StateError
+    from precision_agent.store.state import StateStore
+    filler = fill(small_disk)
+    store = StateStore(small_disk / "state")
+    assert store.unavailable is not None
+    rows = [{"run": "r", "rank": "0", "step": 3}]
+    with pytest.raises(StateError) as failed:
+        store.save_dump_origins(rows)
+    assert failed.value.cause == "disk full"
+    with pytest.raises(StateError):
+        store.commit(dump_origins=rows)
+    for f in filler:
+        f.unlink()
+    store.commit(dump_origins=rows)
+    store.close()
+    assert StateStore(small_disk / "state").load_dump_origins() == rows
