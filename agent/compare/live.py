@@ -130,6 +130,11 @@ def after_scan(unit: str, work: DumpWork, settle: float) -> AfterScan:
         if ready(other, settle):
             res = out.compare = compare_unit(unit, other, work, target)
             res.setdefault("step", path_step(unit, work.root))   # a match's step, for the incident kinds
+            ranks = {t.rank for t in target.tensors}
+            if len(ranks) == 1 and None not in ranks:
+                res.setdefault("rank", ranks.pop())                # and its rank
+            sig = signature(unit)   # when the unit was written: how the incident kinds tell a restart
+            res["written"] = sig[2] / 1e9 if sig is not None else None
             for key in ("first_diverging_op", "corrupted_input", "first_differing_tensor"):
                 where = res.get(key)
                 if where and where.get("step") is None:
@@ -148,14 +153,19 @@ def compare_sample(result: dict[str, Any], labels: dict[str, str], unit: str) ->
     where = result.get("first_diverging_op") or result.get("corrupted_input") \
         or result.get("first_differing_tensor") or {}
     ls = dict(labels)
-    if where.get("rank") is not None:
-        ls["rank"] = str(where["rank"])
+    rank = where.get("rank") if where.get("rank") is not None else result.get("rank")
+    if rank is not None:
+        ls["rank"] = str(rank)
     attrs = (("op", where.get("op", "")), ("tensor", where.get("tensor", "")), ("kind", where.get("kind", "")),
              ("verdict", result.get("verdict")), ("preset", result.get("preset")),
              ("pairs", result.get("pairs")), ("differ_bitwise", result.get("differ_bitwise")),
              ("beyond_tolerance", result.get("beyond_tolerance")), ("unmatched", len(result.get("unmatched") or ())),
              ("csv", result.get("csv")), ("bench", result.get("bench")),
-             *(fusion_attrs(result.get("fusion_suspect")) if result.get("diverged") else ()))
+             *(fusion_attrs(result.get("fusion_suspect")) if result.get("diverged") else ()),
+             # the rank and the unit's write time: the incident kinds tell another rank, a late
+             # comparison and a restart apart by them (agent/detectors/dump_incident.py)
+             *((("rank", rank),) if rank is not None else ()),
+             *((("written", result["written"]),) if result.get("written") is not None else ()))
     metric = DUMP_NONDETERMINISM if result.get("mode") == "rerun" else DUMP_DIVERGENCE
     # a match is a sample too (value 0): the incident kinds count clean steps (dump_incident.py)
     return Sample(make_labels(ls), metric, 1.0 if result.get("diverged") else 0.0, where.get("step", result.get("step")),

@@ -55,6 +55,11 @@ class DumpFlow:
         self.scheduler.fusion = self.fusion.annotate
         self._catalogue_errors: set[str] = set()
         self._logged: OrderedDict[int, None] = OrderedDict()   # hashes of scan errors and notes logged
+        self.origins_unsaved = False   # the dump-origin records changed since the last commit that worked
+
+    def unsaved_origins(self) -> list[Any] | None:
+        """The dump-origin records for the next commit, when they changed since the last one that worked."""
+        return self.book.origins.rows() if self.origins_unsaved else None
 
     def restore(self) -> None:
         """At start: each rank's first non-finite dump, as saved before a restart."""
@@ -125,10 +130,9 @@ class DumpFlow:
             if s.metric in WRITTEN_METRICS:
                 s.attrs += (("written", written),)
         self.pipeline.process(labelled(r.samples, labels))
-        changed = self.book.origins.observe(r.result, labels, r.unit, written)
+        if self.book.origins.observe(r.result, labels, r.unit, written):
+            self.origins_unsaved = True   # saved with the batch by the worker's commit (and retried with it)
         try:
-            if changed:
-                self.store.save_dump_origins(self.book.origins.rows())
             self.store.record_scanned(r.unit, 0, 0, r.signature[1], r.signature[2] / 1e9,
                                       ",".join(map(str, r.signature)))
         except StateError as exc:  # reported once per cause with the other failed saves

@@ -11,6 +11,7 @@ import time
 from typing import Callable
 
 from ..config import Config
+from ..dumps.schedule import ScanResult
 from ..engine.alerts import Transition
 from ..engine.pipeline import Pipeline
 from ..exporters.alertmanager import AlertmanagerPusher
@@ -78,7 +79,7 @@ class Worker:
                 touched = self.follower.read(paths)
                 self.dumps.due()
                 for result in self.dumps.drain():
-                    self.dumpflow.handle(result)
+                    self._handle(result)
                 now = time.time()
                 self._expired.extend(self.pipeline.expire(now, self.config.series_ttl))
                 self.pipeline.tick(now)
@@ -91,6 +92,16 @@ class Worker:
                 log.exception("unexpected error in worker")
                 self.health.error("internal", "unexpected error in worker (see traceback above)")
         self.saved_at_exit = self._commit(set(self.follower.streams), final=True)
+
+    def _handle(self, result: ScanResult) -> None:
+        """One scanned dump directory; a bug in one is reported and never costs the rest of the
+        batch (already marked scanned: each would be missed until it changes again)."""
+        try:
+            self.dumpflow.handle(result)
+        except Exception:
+            log.exception("unexpected error handling the scan of %s", result.unit)
+            self.health.error("internal", "unexpected error handling the scan of %s (see traceback above)",
+                              result.unit)
 
     def _process(self, samples: list[Sample]) -> None:
         self.pipeline.process(samples)
@@ -132,13 +143,14 @@ class Worker:
         self.memory_errors()
         forget = self.follower.forget
         changes = self.pipeline.state_changes()
+        origins = self.dumpflow.unsaved_origins()
         if not (offsets or changes or forget or self._expired or memory or self.store.pending
-                or self.saves.cause is not None):
+                or origins is not None or self.saves.cause is not None):
             return True
         try:
             self.store.commit(offsets=offsets, alerts=changes.alerts, deleted_alerts=changes.deleted_alerts,
                               series=changes.series, forget_offsets=forget, forget_series=self._expired,
-                              memory=memory)
+                              memory=memory, dump_origins=origins)
         except StateError as exc:
             self.pipeline.memory.requeue(memory)
             self.pipeline.dirty_series.update(s.labels for s in changes.series)  # written by the next try
@@ -146,6 +158,8 @@ class Worker:
             self.saves.failed(exc, now)
             return False
         self._unsaved = set()
+        if origins is not None:
+            self.dumpflow.origins_unsaved = False
         self.saves.succeeded()
         self.follower.committed(offsets)
         self._expired.clear()

@@ -17,7 +17,7 @@ another rank or another op never changes them, so it counts into the open alert 
 and refreshes its evidence. A **new incident** (a new alert, a new page) starts when
 
 - the run starts over: a rank's dump at a step it has already passed (or the same step in another
-  directory), written after the one seen: a restart from a checkpoint into the same dump root (a
+  directory), written after the one seen (a dump without a write time is never a restart): a restart from a checkpoint into the same dump root (a
   new dump root is another ``run`` anyway); the open incident then resolves;
 - or the run had been clean for ``clean_steps`` dumped steps after its last bad one (the
   ``dump_step`` markers of agent/dumps/samples.py say which steps were clean): the incident
@@ -68,7 +68,10 @@ class Incident:
 
 
 def _rank(s: Sample) -> str:
+    """The sample's rank: its ``rank`` attr, else its ``rank`` label (a comparison's sample)."""
     r = s.attr("rank")
+    if r is None:
+        r = dict(s.labels).get("rank")
     return "" if r is None else str(r)
 
 
@@ -103,9 +106,10 @@ class Incidents:
         top = inc.tops.get(rank)
         if top:
             # written later than the rank's furthest dump; without write times (``scan`` of one
-            # tree: every sample has the same source), only another directory can be a restart
-            restart = (step < top[0] or (step == top[0] and unit != top[1])) and (
-                written > top[2] if written is not None and top[2] is not None else unit != top[1])
+            # tree, a sample whose rank is unknown) nothing tells a restart from another rank's or
+            # a late directory: never a restart
+            restart = ((step < top[0] or (step == top[0] and unit != top[1]))
+                       and written is not None and top[2] is not None and written > top[2])
         else:   # a rank not seen before (a single process's proc<PID> after a restart) behind the others
             hi = max(inc.tops.values(), key=lambda t: t[0], default=None)
             restart = (hi is not None and step < hi[0] and written is not None and hi[2] is not None

@@ -118,28 +118,43 @@ def run_labels(path: str, run_from: str, labels: dict[str, str], root: str | Non
     return out
 
 
-# the levels a dump tool puts below its dump root: msprobe step{N}/rank{N}|proc{PID}, CANN
-# {time}/{device}/{model}/{model_id}/{step} (numbers, a 14-digit time, the model's name above a
-# number), MindSpore rank_{id}/{net}/{graph}/{iteration}
-_DUMP_LEVEL_RE = re.compile(r"^(?:(?:step|rank|proc|iteration|device|graph)[_-]?)?\d+$|^rank$", re.IGNORECASE)
+# The levels a dump tool puts below its dump root, matched exactly, innermost level last (the
+# scanned unit): a bare number above them is someone's folder (a SLURM job id, Hydra's
+# multirun/<date>/<time>/<n>), i.e. another run, never a level to climb.
+_DIGITS = r"[0-9]+"
+_ANY = r"[^/]+"
+_DUMP_LAYOUTS = (
+    ("msprobe", (r"step[0-9]+", r"rank[0-9]*|proc[0-9]+")),                            # step3/rank1
+    ("CANN", (r"(?:19|20)[0-9]{12}", _DIGITS, _ANY, _DIGITS, _DIGITS)),   # {time}/{device}/{model}/{id}/{iter}
+    ("CANN single op", (r"(?:19|20)[0-9]{12}", _DIGITS)),                              # {time}/{device}
+    ("MindSpore", (r"rank_[0-9]+", _ANY, _DIGITS, _DIGITS)),        # rank_{id}/{net}/{graph}/{iteration}
+    ("steps", (r"(?:step|iter|iteration)[_-]?[0-9]+",)),                    # a tree of .npy files per step
+)
+_DUMP_LEVELS = [(name, [re.compile(p, re.IGNORECASE if name == "steps" else 0) for p in levels])
+                for name, levels in _DUMP_LAYOUTS]
+
+
+def _layout_depth(parts: list[str]) -> int:
+    """How many trailing ``parts`` (of a scanned directory) are the levels of one dump tool's layout."""
+    for _name, levels in _DUMP_LEVELS:
+        tail = parts[len(parts) - len(levels):] if len(parts) >= len(levels) else []
+        if tail and all(p.fullmatch(t) for p, t in zip(levels, tail)):
+            return len(levels)
+    return 0
 
 
 def dump_root(unit: str, watch_path: str) -> str:
-    """The dump root of a scanned dump directory: the nearest folder above it that is no layout
-    level of a dump tool (``step3``, ``rank1``, ``proc123``, a number, a 14-digit time, a model
-    or net name between numeric levels), never above the watched path."""
+    """The dump root of a scanned dump directory: the folder above the levels of the layout it is
+    found in (msprobe ``step<N>/rank<N>|proc<N>``, CANN ``<time>/<device>/<model>/<model id>/<iter>``,
+    MindSpore ``rank_<id>/<net>/<graph>/<iteration>``), the directory itself when it is in none;
+    never above the watched path."""
     top = os.path.abspath(watch_path)
     d = os.path.abspath(unit)
-    level_below = False
-    while d != top and d.startswith(top + os.sep):
-        name, parent = os.path.basename(d), os.path.dirname(d)
-        if _DUMP_LEVEL_RE.match(name) or (level_below and parent != top
-                                         and _DUMP_LEVEL_RE.match(os.path.basename(parent))):
-            level_below = True
-            d = parent
-            continue
-        break
-    return d
+    if d != top and not d.startswith(top.rstrip(os.sep) + os.sep):
+        return d
+    parts = d.split(os.sep)
+    root = os.sep.join(parts[:len(parts) - _layout_depth(parts)]) or os.sep
+    return top if len(root) < len(top) else root
 
 
 def dump_run_labels(unit: str, watch_path: str, run_from: str, labels: dict[str, str]) -> dict[str, str]:

@@ -217,9 +217,10 @@ class StateStore:
     def commit(self, *, offsets: dict[str, TailPosition] | None = None, alerts: Iterable[Alert] = (),
                deleted_alerts: Iterable[str] = (), series: Iterable[SeriesState] = (),
                forget_offsets: Iterable[str] = (), forget_series: Iterable[Labels] = (),
-               memory: MemoryDelta | None = None) -> None:
+               memory: MemoryDelta | None = None, dump_origins: list[Any] | None = None) -> None:
         """Write one batch in one transaction, or nothing: raises StateError naming the cause
-        (the error SQLite gave, never that of the rollback after it)."""
+        (the error SQLite gave, never that of the rollback after it). ``dump_origins``: the dump
+        side's origin records (agent/dumps/origins.py), when they changed."""
         db = self._writable()
         now = time.time()
         try:
@@ -244,6 +245,8 @@ class StateStore:
                                [(_dump_labels(k),) for k in forget_series])
                 if memory:
                     self._write_memory(db, memory)
+                if dump_origins is not None:
+                    _write_origins(db, dump_origins)
                 db.execute("COMMIT")
             except BaseException:
                 _rollback(db)  # SQLite may have rolled back already (disk full): keep the first error
@@ -287,11 +290,14 @@ class StateStore:
 
     # -- the dump side's first non-finite dump per rank (agent/dumps/origins.py) -----------------
     # One JSON row in ``meta`` (bounded by the origins' own cap), rewritten when a record changes.
+    # The daemon writes it with the batch (``commit(dump_origins=...)``); a save that failed is
+    # retried by the next commit, as offsets and alerts are.
     def save_dump_origins(self, rows: list[Any]) -> None:
+        db = self._writable()
         try:
-            self.db.execute("INSERT OR REPLACE INTO meta VALUES ('dump_origins', ?)", (json.dumps(rows),))
+            _write_origins(db, rows)
         except sqlite3.Error as exc:
-            raise StateError(f"{self.path}: {exc}") from exc
+            raise state_error(self.path, exc) from exc
 
     def load_dump_origins(self) -> list[Any]:
         """The saved rows; unreadable ones are the caller's to skip (DumpOrigins.restore)."""
@@ -308,6 +314,10 @@ class StateStore:
             return self.db.execute(sql).fetchall()
         except sqlite3.Error as exc:
             raise state_error(self.path, exc) from exc
+
+
+def _write_origins(db: sqlite3.Connection, rows: list[Any]) -> None:
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('dump_origins', ?)", (json.dumps(rows),))
 
 
 def _dump_labels(labels: Labels) -> str:

@@ -66,6 +66,8 @@ def test_identical_steps_give_a_clean_sample_and_an_incomplete_side_waits(tmp_pa
     res = after_scan(str(run / "step0"), work, settle=1.0).compare
     clean = compare_sample(res, {}, str(run / "step0"))   # value 0: a clean step for the incident kinds
     assert res["identical"] and clean.value == 0.0 and clean.step == 0
+    # when the unit was written (its newest file), for the incident kinds' restart test
+    assert abs(clean.attr("written") - os.stat(run / "step0" / "w.npy").st_mtime) < 1e-3
     (run / "step1").mkdir()
     np.save(run / "step1" / "w.npy", a["step0/w.npy"])
     assert after_scan(str(run / "step1"), work, settle=1.0).waiting_for == str(other / "step1")
@@ -84,6 +86,7 @@ def test_drift_against_bench_names_the_fp16_linear(tmp_path: Path) -> None:
     s = compare_sample(res, {"run": "drift"}, str(root / "drift"))
     assert s is not None and s.metric == "dump_divergence" and dict(s.labels) == {"run": "drift", "rank": "0"}
     assert s.attr("op") == "Functional.linear.5.forward" and s.step == 0
+    assert s.attr("rank") == 0 and s.attr("written") is not None   # each rank its own progress (issue 20)
     assert Path(res["csv"]).name == "step0__rank0.csv"
     (d,) = out.digests
     assert d.step == 0 and d.rank == 0 and d.tensors == 9

@@ -164,3 +164,32 @@ def test_real_msprobe_restart_pages_again() -> None:
     first, second = _nonfinite(p)
     assert (first.finding["step"], second.finding["step"]) == (3, 4)
     assert first.state == AlertState.RESOLVED and dict(second.labels)["incident"] == "2"
+
+
+# -- comparisons (agent/compare/live.py compare_sample) ------------------------------------------------
+def _divergence(p: Pipeline) -> list:
+    return sorted((a for a in p.alerts.alerts.values() if a.rule == "DumpDivergence"), key=lambda a: a.active_at)
+
+
+def test_diverging_comparisons_of_two_ranks_are_one_incident() -> None:
+    """Each rank's comparison carries its rank: rank 1's step 1 after rank 0's step 1 is another
+    rank, not the same step dumped again by a restarted run."""
+    from precision_agent.compare.live import compare_sample
+    p = _pipeline()
+    for step in (1, 2):
+        for rank in (0, 1):
+            where = {"op": "Torch.matmul.0.forward", "step": step, "rank": rank, "tensor": "output[0]"}
+            res = {"diverged": True, "mode": "benchmark", "first_diverging_op": where, "step": step}
+            p.process([compare_sample(res, {"run": "r"}, f"/d/r/step{step}/rank{rank}")])
+    (a,) = _divergence(p)
+    assert a.state == AlertState.FIRING and dict(a.labels)["incident"] == "1"
+    assert a.finding["evidence"]["origin_ranks"] == ["0", "1"] and a.finding["evidence"]["affected_steps"] == [1, 2]
+
+
+def test_without_write_times_another_directory_at_the_same_step_is_no_restart() -> None:
+    p = _pipeline()
+    p.process(_dump(3, None, "Torch.matmul.0.forward", unit="/d/r/step3/rank0"))
+    p.process(_dump(3, None, "Torch.matmul.0.forward", unit="/d/r/step3/rank1"))   # no rank attr, no time
+    p.process(_dump(2, None, None, unit="/d/r/step2/rank1"))
+    (a,) = _nonfinite(p)
+    assert a.state == AlertState.FIRING and dict(a.labels)["incident"] == "1"

@@ -570,9 +570,18 @@ def test_a_new_rank_after_a_restart_inherits_the_runs_stated_precision():
     ("/w/gpt/20240301120000/2/ge_default/1/5", "gpt"),      # CANN: {time}/{device}/{model}/{model_id}/{step}
     ("/w/ms_run/rank_0/Net/0/3", "ms_run"),                 # MindSpore: rank_{id}/{net}/{graph}/{iteration}
     ("/w/a/b/npy", "npy"),
+    ("/w/job_a/step3/rank", "job_a"),                       # msprobe, a single rank
+    ("/w/run/step1", "run"),                                # a tree of .npy files per step
+    # a number above the layout is a folder of the user's: a SLURM job id, Hydra's multirun/<date>/<time>/<n>
+    ("/w/123456/step0/rank0", "123456"),
+    ("/w/multirun/2024-03-01/12-00-00/1/step0/rank0", "1"),
+    ("/w/654321/gpt/20240301120000/2/ge_default/1/5", "gpt"),
+    ("/w/7/ms_run/rank_0/Net/0/3", "ms_run"),
+    ("/w/job_b/3/1", "1"),                                  # numbers alone are no known layout
 ])
 def test_dump_run_names(unit, run):
     assert dump_run_labels(unit, "/w", "file", {"job": "j"}) == {"job": "j", "run": run}
+    assert dump_run_labels(unit, unit, "file", {})["run"] == unit.rsplit("/", 1)[1]   # never above the watch
     assert dump_run_labels(unit, "/w", "label", {"job": "j"}) == {"job": "j"}
     assert dump_run_labels(unit, "/w", "file", {"run": "mine"}) == {"run": "mine"}
 

@@ -123,3 +123,63 @@ def test_start_on_a_full_disk_runs_from_memory_and_saves_when_room_returns(tmp_p
         assert third.metric("precision_agent_log_lines_read_total") == 1
     finally:
         third.kill()
+
+
+def test_dump_origins_on_a_store_that_starts_on_a_full_disk_are_saved_once_there_is_room(small_disk):
+    """No state file and no room: the store starts unavailable (no connection at all). Saving the
+    dump origins names the cause (a StateError, as every other save), and the next commit that
+    works writes them."""
+    from precision_agent.store.causes import StateError
+    from precision_agent.store.state import StateStore
+    filler = fill(small_disk)
+    store = StateStore(small_disk / "state")
+    assert store.unavailable is not None
+    rows = [{"run": "r", "rank": "0", "step": 3}]
+    with pytest.raises(StateError) as failed:
+        store.save_dump_origins(rows)
+    assert failed.value.cause == "disk full"
+    with pytest.raises(StateError):
+        store.commit(dump_origins=rows)
+    for f in filler:
+        f.unlink()
+    store.commit(dump_origins=rows)
+    store.close()
+    assert StateStore(small_disk / "state").load_dump_origins() == rows
+
+
+def test_dumps_scanned_on_a_full_disk_all_page_and_their_origins_are_saved_when_room_returns(tmp_path, small_disk):
+    """Started on a full disk with no state file: every NaN dump of the batch pages (a failed save
+    of the dump origins once crashed the handling and dropped the rest of the batch), and the
+    origins are written by the first save that works."""
+    import shutil
+    import sqlite3
+    from pathlib import Path
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "msprobe_incidents" / "two_runs"
+    if not fixtures.is_dir():
+        pytest.skip("fixtures not generated")
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    cfg = tmp_path / "config.yml"
+    cfg.write_text(f"evaluation_interval: 200ms\ndump_settle: 0.3s\nwatches:\n  - path: {dumps}\n    kind: dump\n")
+    filler = fill(small_disk)
+    agent = AgentProcess(tmp_path / "nolog", small_disk / "state", "--config", str(cfg))
+    agent.stderr_path = tmp_path / f"agent-{agent.port}.stderr"
+    agent.start()
+    try:
+        for job in ("job_a", "job_b"):
+            shutil.copytree(fixtures / job, dumps / job)
+        wait_for(lambda: {a["labels"].get("run") for a in agent.alerts() if a["alertname"] == "DumpNonFinite"}
+                 == {"job_a", "job_b"}, timeout=120, what="both runs' NaN dumps paged")
+        assert not agent.metric("precision_agent_errors_total", kind="internal"), agent.stderr()
+        for f in filler:
+            f.unlink()
+        wait_for(lambda: agent.metric("precision_agent_state_unsaved") == 0, timeout=150, what="saved again")  # backoff: up to 60 s
+        assert agent.stop() == 0
+    finally:
+        agent.kill()
+    db = sqlite3.connect(small_disk / "state" / "state.sqlite3")
+    try:
+        (row,) = db.execute("SELECT value FROM meta WHERE key='dump_origins'").fetchall()
+    finally:
+        db.close()
+    assert "job_a" in row[0] and "job_b" in row[0]
