@@ -24,8 +24,10 @@ def test_soak_main_reports_every_criterion(tmp_path, capsys):
     assert soak.main(["--minutes", "0.1", "--files", "50", "--junk", "50", "--long-line-mb", "4",
                       "--nan-every", "2", "--state-kb", "1024", "--results-dir", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "soak.json").read_text())
-    assert res["bench"] == "soak" and res["exit_code"] == 0
     crit = res["criteria"]
+    # the agent's own exit status: 1 when it stopped with its final save failed (the full disk,
+    # where root could mount it: the agent never claims a save that failed), else 0
+    assert res["bench"] == "soak" and res["exit_code"] in ((0, 1) if crit["full_disk"]["simulated"] else (0,))
     assert set(crit) == {"latency", "rss", "descriptors", "error_repeats", "ready", "full_disk"}
     assert all(isinstance(c["pass"], bool) for name, c in crit.items() if name != "full_disk")
     assert crit["latency"]["n"] >= 2 and "train" in res["latencies_s"]  # the NaN after the long line too
