@@ -182,6 +182,7 @@ class StreamErrors:
     """The ``parser`` a follower asks for errors (``parser.errors``, one line per cause and file)."""
 
     __slots__ = ("errors", "format", "_said")
+    sparse = False  # a metric file's records are its whole content: one without any is blind (yields.py)
 
     def __init__(self, fmt: str) -> None:
         self.errors: list[str] = []
