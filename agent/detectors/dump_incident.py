@@ -43,6 +43,10 @@ MAX_RANKS = 64      # tied origin ranks named, and ranks whose progress is follo
 _KEY = "__incident__"
 
 
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (str, int, float, bool, type(None)))
+
+
 class IncidentParams(Params):
     clean_steps: int = Field(3, ge=1)   # clean dumped steps after the last bad one that end an incident
 
@@ -197,7 +201,8 @@ class Incidents:
     def _origin(inc: Incident, step: int | None, rank: str, op: str, order: int | None,
                 evidence: dict[str, Any]) -> None:
         inc.origin_step, inc.origin_ranks, inc.origin_op, inc.origin_order = step, [rank], op, order
-        inc.origin = {k: v for k, v in evidence.items() if isinstance(v, (str, int, float, bool, type(None)))}
+        inc.origin = {k: v for k, v in evidence.items() if _scalar(v) or (
+            isinstance(v, (list, tuple)) and len(v) <= 16 and all(map(_scalar, v)))}   # e.g. unreadable_before
 
     @staticmethod
     def _later(inc: Incident, op: str, step: int | None, rank: str) -> None:

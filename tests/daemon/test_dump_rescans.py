@@ -79,6 +79,12 @@ def test_junk_files_are_counted_once_and_not_logged_again_on_rescans(tmp_path):
         agent.stop()
 
 
+def _paged_ops(agent) -> list[str]:
+    """The origin op of every firing DumpNonFinite (one alert per incident: the op is evidence)."""
+    return sorted(a["evidence"]["evidence"]["op"] for a in agent.alerts()
+                  if a["alertname"] == "DumpNonFinite" and a["state"] == "firing")
+
+
 def test_a_flat_dump_root_is_read_once_per_file_and_names_each_tensor_once(tmp_path):
     dumps = tmp_path / "dumps"
     dumps.mkdir()
@@ -89,21 +95,19 @@ def test_a_flat_dump_root_is_read_once_per_file_and_names_each_tensor_once(tmp_p
             wait_for(lambda: agent.metric("precision_agent_dump_files_scanned_total") >= step + 1, timeout=60,
                      what=f"step {step} scanned")
             assert agent.metric("precision_agent_dump_files_scanned_total") == step + 1   # not the whole root
-        wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpNonFinite", alertstate="firing",
-                                      op="step004.npy"), timeout=30, what="the NaN step paged")
+        wait_for(lambda: "step004.npy" in _paged_ops(agent), timeout=30, what="the NaN step paged")
         # a sub-folder beside the flat files: its own unit, its tensor under one name
         (dumps / "late").mkdir()
         _write(dumps / "late" / "x.npy", "nan")
         _write(dumps / "step006.npy")
-        wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpNonFinite", alertstate="firing",
-                                      op="x.npy"), timeout=60, what="the sub-folder's NaN paged")
+        wait_for(lambda: "x.npy" in _paged_ops(agent), timeout=60, what="the sub-folder's NaN paged")
         wait_for(lambda: agent.metric("precision_agent_dump_files_scanned_total") >= 8, timeout=60,
                  what="all files scanned")
         resyncs = agent.metric("precision_agent_resyncs_total")
         wait_for(lambda: agent.metric("precision_agent_resyncs_total") >= resyncs + 2, timeout=60,
                  what="two rescan intervals")
         assert agent.metric("precision_agent_dump_files_scanned_total") == 8
-        ops = sorted(a["labels"]["op"] for a in agent.alerts() if a["alertname"] == "DumpNonFinite")
+        ops = _paged_ops(agent)
         assert ops == ["step004.npy", "x.npy"], ops
     finally:
         agent.stop()
@@ -137,7 +141,7 @@ def test_a_truncated_first_tensor_makes_the_page_say_the_origin_is_uncertain(tmp
         wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpNonFinite", alertstate="firing"),
                  timeout=60, what="DumpNonFinite firing")
         (alert,) = [a for a in agent.alerts() if a["alertname"] == "DumpNonFinite"]
-        assert alert["labels"]["op"] == "Functional.softmax.0.forward"
+        assert alert["evidence"]["evidence"]["op"] == "Functional.softmax.0.forward"
         ev = alert["evidence"]["evidence"]
         assert ev["uncertain"] is True and ev["unreadable_before_count"] == 1
         assert "Functional.matmul.0.forward output[0]" in ev["unreadable_before"][0]
