@@ -21,7 +21,6 @@ from ..model import NONFINITE_MESSAGE, OVERFLOW, Sample
 from ..engine.pipeline import Pipeline
 from ..readers.filecursor import MetricFileStream
 from ..readers.faultcodes import current_codes
-from ..readers.logstream import LogStream
 from ..readers.metricmap import current_map
 from ..readers.streams import open_stream
 from ..engine.rulefile import RuleSet
@@ -79,7 +78,7 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
         # no training record at all: the agent would be blind to this file (the daemon's
         # LogFormatUnrecognized); its last lines tell what it holds
         # (a kernel log read as such is never blind for holding no fault: Parser.sparse)
-        "unrecognized": None if stream.stats.records or (isinstance(stream, LogStream) and stream.parser.sparse)
+        "unrecognized": None if stream.stats.records or stream.parser.sparse
         else {"sample": stream.sample_lines()},
         "steps": _steps(series),
         "loss_scale": _loss_scale(series),
