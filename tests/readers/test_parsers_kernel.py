@@ -4,6 +4,8 @@ catalogue (extendable by a user file), and no false detection in training logs."
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from conftest import REPO, corpus_path
@@ -97,9 +99,18 @@ def test_users_extend_the_catalogue_and_a_broken_file_keeps_the_shipped_one(tmp_
 
 def test_every_shipped_entry_names_its_source():
     codes = faultcodes.fault_codes(None)
-    assert {c for (_, c), e in codes.items() if e.cls == "application"} == {13, 31, 43, 45}
-    assert {48, 63, 64, 74, 79, 92, 94, 95, 119, 120} <= {c for (_, c), e in codes.items() if e.cls == "hardware"}
-    assert all(e.source.startswith("https://docs.nvidia.com/") for e in codes.values())
+    nvidia = {c: e for (f, c), e in codes.items() if f == "nvidia_xid"}
+    assert {c for c, e in nvidia.items() if e.cls == "application"} == {13, 31, 43, 45}
+    assert {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140} <= {c for c, e in nvidia.items() if e.cls == "hardware"}
+    assert not {144, 145, 149, 150} & set(nvidia)   # NVLink5: fatal or not is in the intrinfo, not the code
+    assert all(e.source.startswith("https://docs.nvidia.com/") for e in nvidia.values())
+    ascend = {c: e for (f, c), e in codes.items() if f == "ascend"}
+    assert len(ascend) > 150 and all(re.fullmatch(r"0x[0-9A-F]{8}", c) for c in ascend)
+    assert all(e.source.startswith("https://github.com/Ascend/mind-cluster/") for e in ascend.values())
+    assert ascend["0x80E01801"].cls == "hardware" and "HBM" in ascend["0x80E01801"].meaning
+    # informational events and faults MindCluster leaves alone never page
+    assert ascend["0x8C2FA009"].cls == ascend["0x81078603"].cls == "unknown"
+    assert {c for c, e in ascend.items() if e.cls == "application"} == {"0x80C98002", "0x80CB8002"}
 
 
 def test_a_kernel_log_followed_as_a_file(tmp_path):
