@@ -48,3 +48,12 @@ def test_a_broken_user_catalogue_is_reported_and_the_shipped_one_kept(tmp_path):
     rc, out, err = replay(str(FIXTURES / "kern.log"), env={**os.environ, "PRECISION_AGENT_FAULT_CODES": str(bad)})
     assert rc == 1 and len(out["findings"]) == 3
     assert f"fault codes: {bad}" in err
+
+
+def test_ascend_npu_faults_and_journal_exports_page_like_xids():
+    rc, out, _ = replay(str(FIXTURES / "ascend-messages.txt"))   # auto-detected
+    assert rc == 1 and out["format"] == "kernel" and out["records"] == 3   # the "Event resume" line is none
+    assert [(f["rule"], f["line"]) for f in out["findings"]] == [("GpuHardwareFault", 2), ("GpuHardwareFault", 3)]
+    assert "0x80E01801" in out["findings"][1]["summary"] and "HBM" in out["findings"][1]["summary"]
+    rc, out, _ = replay(str(FIXTURES / "journal-export.txt"), "--format", "kernel")   # Xid 94 and 48
+    assert rc == 1 and out["records"] == 2 and [f["line"] for f in out["findings"]] == [11, 23]

@@ -252,7 +252,7 @@ def _run_kernel(payload: tuple[str, str], work: Path) -> None:
         for metric, _value, attrs in rec.values:
             a = dict(attrs)
             if metric == "hw_fault" and (a.get("class") not in ("hardware", "application", "unknown")
-                                         or not isinstance(a.get("code"), int) or len(a.get("message", "")) > 240):
+                                         or not isinstance(a.get("code"), (int, str)) or len(a.get("message", "")) > 240):
                 raise AssertionError(f"bad fault {a!r}")
 
 

@@ -59,6 +59,7 @@ _EXPORT_MONO = re.compile(r"(?m)^__MONOTONIC_TIMESTAMP=(?P<us>\d{1,20})$")
 _LOCAL_CACHE: dict[tuple, float | None] = {}   # (zone, stamp minute) -> local minute's Unix seconds
 _CACHE_MAX = 4096
 DAY = 86400.0
+EPOCH_END = 253402300800.0  # 10000-01-01T00:00:00Z
 _clock = time.time  # "now" for the year of a syslog stamp (tests set it)
 
 
@@ -144,7 +145,15 @@ def _exported(text: str, start: int) -> tuple[float | None, float | None]:
 
 
 def line_time(text: str, start: int, pos: int, now: float | None = None) -> tuple[float | None, float | None, str]:
-    """``(log_time, uptime, basis)`` of the line that starts at ``start`` with its message at ``pos``."""
+    """``(log_time, uptime, basis)`` of the line that starts at ``start`` with its message at ``pos``.
+    A time before 1970 or after the year 9999 is no time (basis "none")."""
+    t, up, basis = _line_time(text, start, pos, now)
+    if t is not None and not 0.0 <= t < EPOCH_END:
+        return None, up, "none"
+    return t, up, basis
+
+
+def _line_time(text: str, start: int, pos: int, now: float | None) -> tuple[float | None, float | None, str]:
     if text.startswith("MESSAGE=", start):                      # journalctl -o export
         real, mono = _exported(text, start)
         if real is not None:
