@@ -13,6 +13,7 @@ import pytest
 from conftest import REPO
 from precision_agent.model import HW_FAULT
 from precision_agent.readers import faultcodes
+from precision_agent.readers.logstream import LogStream
 from precision_agent.readers.parsers import Block, CompositeParser, kernel_time
 
 FIXTURES = REPO / "tests" / "fixtures" / "kernel"
@@ -158,3 +159,21 @@ def test_users_extend_the_ascend_catalogue(tmp_path, monkeypatch):
     faultcodes.fault_codes.cache_clear()
     codes, why = faultcodes.current_codes()
     assert why is not None and "32-bit hex" in why and codes[("ascend", "0x80E01801")].cls == "hardware"
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("ascend-messages.txt", [(2, "0x40F84E00"), (3, "0x80E01801"), (4, "0x80C98002")]),
+    ("journal-export.txt", [(11, 94), (23, 48)]),
+    ("journal.json", [(1, 45), (2, 79)]),
+])
+def test_each_shape_followed_as_a_file(tmp_path, zone, name, expected):
+    zone("UTC")
+    log = tmp_path / name
+    log.write_bytes((FIXTURES / name).read_bytes())
+    stream = LogStream(str(log), {"host": "node-a"}, "kernel")
+    try:
+        samples = stream.poll(1 << 20) + stream.finish()
+    finally:
+        stream.close()
+    assert [(s.source.line, s.attr("code")) for s in samples] == expected
+    assert all(s.metric == HW_FAULT and s.log_time is not None and s.producer == "kernel" for s in samples)
