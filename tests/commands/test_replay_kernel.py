@@ -22,9 +22,10 @@ def replay(*args: str, env: dict | None = None) -> tuple[int, dict, str]:
 
 def test_hardware_xids_page_application_xids_do_not():
     rc, out, _ = replay(str(FIXTURES / "kern.log"))
-    assert rc == 1 and out["format"] == "kernel" and out["records"] == 6
+    assert rc == 1 and out["format"] == "kernel" and out["records"] == 7
     assert [(f["rule"], f["severity"], f["line"]) for f in out["findings"]] == [
-        ("GpuHardwareFault", "page", 4), ("GpuHardwareFault", "page", 7), ("GpuHardwareFault", "page", 8)]
+        ("GpuHardwareFault", "page", 4), ("GpuHardwareFault", "page", 7), ("GpuHardwareFault", "page", 8),
+        ("GpuHardwareFault", "page", 11)]   # 11: an older driver's "fallen off the bus" without an Xid 79
     assert out["findings"][0]["summary"] == "GPU 0000:2b:00 hardware fault: Xid 79 (GPU has fallen off the bus)"
     rc, out, _ = replay(str(FIXTURES / "journal-short-iso.txt"), "--format", "kernel")   # Xid 45 only
     assert rc == 0 and out["records"] == 2 and out["findings"] == []
@@ -46,7 +47,7 @@ def test_a_broken_user_catalogue_is_reported_and_the_shipped_one_kept(tmp_path):
     bad = tmp_path / "codes.yml"
     bad.write_text("nvidia_xid: {not: a list}\n")
     rc, out, err = replay(str(FIXTURES / "kern.log"), env={**os.environ, "PRECISION_AGENT_FAULT_CODES": str(bad)})
-    assert rc == 1 and len(out["findings"]) == 3
+    assert rc == 1 and len(out["findings"]) == 4
     assert f"fault codes: {bad}" in err
 
 

@@ -35,10 +35,14 @@ MESSAGES = [
     "[ascend] [fault_manager] [ERROR] [dms_record_fault_event_log 1410] event_id=0x80e01801; device_id=3; "
     "severity=3[Critical]; assertion=0[Event resume];",
     "IPv6: ADDRCONF(NETDEV_CHANGE): veth3c1e2f0: link becomes ready",
+    "NVRM: GPU at 0000:01:00.0 has fallen off the bus.",
+    "NVRM: The NVIDIA GPU 0000:b3:00.0\n               NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+    "               NVRM: fallen off the bus and is not responding to commands.",
 ]
 BAIT = ["NVRM: Xid (", "PCI:", "0000:", "3b:00", "): ", "79", ", ", "pid=", "name=", "[ascend] [", "[ERROR] ",
         "[fault_manager] ", "[drv_soft_fault] ", "event_id=0x", "device_id=", "; ", "assertion=", "severity=3[",
-        "Heartbeat lost! (device=", "[ 1.5] ", "9" * 30, "\t", '"', "\\", "{", "MESSAGE=", "\n\n"]
+        "Heartbeat lost! (device=", "[ 1.5] ", "NVRM: The NVIDIA GPU ", "NVRM: (PCI ID: ",
+        "fallen off the bus", " has fallen off the bus.", "9" * 30, "\t", '"', "\\", "{", "MESSAGE=", "\n\n"]
 FRAGMENTS = BAIT + ["+08:00", "+0800", "Z", "-9999", "Feb 29 ", "Dec 31 23:59:60 ", "2026-13-45T99:99:99",
                     "__REALTIME_TIMESTAMP=", "99999999999999999999", ",", ";", "[", "]"]
 MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]

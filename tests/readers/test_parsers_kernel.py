@@ -34,13 +34,15 @@ def test_syslog_kern_log_hardware_and_application_xids():
     assert [(f["line"], f["device"], f["code"], f["class"]) for f in got] == [
         (4, "0000:2b:00", 79, "hardware"), (7, "0000:10:1c", 63, "hardware"), (8, "0000:3b:00", 48, "hardware"),
         (9, "0000:41:00", 13, "application"), (10, "0000:41:00", 13, "application"),
+        (11, "0000:01:00", 79, "hardware"),   # an older driver: off the bus without an Xid 79 line
         (12, "0000:01:00", 3, "unknown")]   # the older driver's form, without "PCI:"
     assert got[0]["meaning"] == "GPU has fallen off the bus" and got[0]["message"] == "GPU has fallen off the bus."
     assert got[1]["pid"] == 1896 and got[1]["message"].startswith("Row Remapper: New row marked for remapping")
     assert "DBE" in got[2]["meaning"] and "partition 0" in got[2]["message"]
-    assert got[5]["meaning"] == "Xid 3 (not in the fault-code catalogue)"
-    # the neighbouring "GPU at PCI:..." and "GPU ... has fallen off the bus." lines are no second fault
-    assert len(got) == 6
+    assert got[5]["inferred"] is True and got[5]["meaning"] == "GPU has fallen off the bus"
+    assert got[6]["meaning"] == "Xid 3 (not in the fault-code catalogue)"
+    # the "GPU at PCI:..." and "GPU ... has fallen off the bus." lines next to the Xid 79 are no second fault
+    assert len(got) == 7 and not any(f.get("inferred") for f in got[:5])
 
 
 def test_dmesg_kmsg_and_journal_shapes():
@@ -123,7 +125,7 @@ def test_a_kernel_log_followed_as_a_file(tmp_path):
         stream.close()
     assert [(s.metric, s.source.line, s.attr("code")) for s in samples] == [
         (HW_FAULT, 4, 79), (HW_FAULT, 7, 63), (HW_FAULT, 8, 48), (HW_FAULT, 9, 13), (HW_FAULT, 10, 13),
-        (HW_FAULT, 12, 3)]
+        (HW_FAULT, 11, 79), (HW_FAULT, 12, 3)]
     assert all(s.labels == (("host", "gpu-node-a"),) and s.producer == "kernel" for s in samples)
 
 

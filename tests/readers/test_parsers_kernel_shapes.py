@@ -109,6 +109,18 @@ def test_a_stamp_that_is_no_real_time_gives_none_and_says_so(zone, line):
     assert f["time"] is None and f["time_basis"] == "none" and f["code"] == 79
 
 
+def test_a_gpu_off_the_bus_without_its_xid_line():
+    (f,) = faults((FIXTURES / "dmesg-off-bus.txt").read_text())   # the probe-time three-line message
+    assert (f["line"], f["device"], f["code"], f["class"], f["inferred"]) == (1, "0000:b3:00", 79, "hardware", True)
+    assert f["message"].startswith("NVRM: The NVIDIA GPU 0000:b3:00.0 NVRM: (PCI ID: 10de:26b5)")
+    # its Xid 79 line close by (either side) makes it the same event; far away, another one
+    near = f"NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n{XID}\n"
+    assert [g.get("inferred", False) for g in faults(near)] == [False]
+    far = "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n" + "x\n" * 20 + XID + "\n"
+    assert [g.get("inferred", False) for g in faults(far)] == [True, False]
+    assert faults("the GPU has fallen off the bus again\n", "auto") == []
+
+
 def test_export_entries_do_not_lend_their_time_to_the_next_entry():
     text = "__REALTIME_TIMESTAMP=1716058959061820\nMESSAGE=hello\n\n_TRANSPORT=kernel\nMESSAGE=" + XID + "\n"
     (f,) = faults(text)

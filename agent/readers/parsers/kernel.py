@@ -30,7 +30,8 @@ Each fault is one ``hw_fault`` sample (value 1, no step) with attrs ``vendor``, 
 (agent/readers/fault_codes.yml, extendable: agent/readers/faultcodes.py), ``message`` (the
 driver's own text, at most 240 characters), ``time_basis`` (how ``log_time`` was read:
 kernel_time.BASES) and, when printed, ``uptime`` (seconds since boot), ``pid``/``process`` (Xid),
-``severity`` (Ascend). Auto-detection sees only these unmistakable shapes; ``format: kernel`` on
+``severity`` (Ascend). A GPU that fell off the bus without an Xid 79 line near it (older drivers,
+the probe-time three-line message) is the same fault: code 79 with attr ``inferred``. Auto-detection sees only these unmistakable shapes; ``format: kernel`` on
 a watch reads nothing else.
 """
 
@@ -47,6 +48,14 @@ MESSAGE_CHARS = 240  # the driver's text kept on the sample, at most
 _XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<dev>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
     r"(?P<code>\d{1,5})\b,? ?(?P<msg>[^\n]{0,%d})" % MESSAGE_CHARS)
+_ADDR = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+# "fallen off the bus" without an Xid line: older drivers (``GPU at 0000:01:00.0 has fallen off the
+# bus.``, before an Xid of another code) and probe-time messages over three lines (NVIDIA/NVSentinel#155)
+_OFF_BUS_RE = re.compile(
+    r"NVRM: (?:GPU at (?:PCI:)?(?P<d1>%s) has fallen off the bus\.|GPU (?P<d2>%s): GPU has fallen off the bus\."
+    r"|The NVIDIA GPU (?P<d3>%s)[ \t]{0,8}\n[^\n]{0,120}?NVRM: \(PCI ID: [^\n]{0,60}\n[^\n]{0,120}?NVRM: "
+    r"fallen off the bus)" % (_ADDR, _ADDR, _ADDR))
+OFF_BUS_NEAR = 10  # lines: an Xid 79 of the same GPU this close is the same event
 _PID_RE = re.compile(r"\bpid=(?P<pid>\d{1,10}|'<unknown>'|<unknown>)(?:, name=(?P<name>[^,\n]{0,64}))?,? ?")
 # Ascend: the fault manager's event record (either order of module and level) and a lost heartbeat
 _ASCEND_EVENT_RE = re.compile(
@@ -66,7 +75,7 @@ class KernelParser(Parser):
     priority = 20
     copies = False  # the kernel prints each fault once; no rank copies to fold
     sparse = True   # a kernel log is mostly other lines: never "unrecognized" for want of faults
-    keywords = ("NVRM: Xid", "[ascend] [")
+    keywords = ("NVRM: Xid", "[ascend] [", "fallen off the bus")
 
     def parse(self, block: Block) -> list[Record]:
         codes, _ = current_codes()
@@ -86,6 +95,8 @@ class KernelParser(Parser):
                     msg = msg[p.end():].strip()
                 _classify(attrs, codes.get(("nvidia_xid", code)), f"Xid {code}")
                 out.append(_record(block, m.start(), attrs, msg))
+        if "fallen off the bus" in text:
+            out.extend(_off_bus(block, out, codes))
         if "[ascend] [" in text:
             for m in _ASCEND_EVENT_RE.finditer(text):
                 rest = m.group("msg")
@@ -104,8 +115,26 @@ class KernelParser(Parser):
                 attrs = {"vendor": "ascend", "device": m.group("dev"), "code": hex_code(ASCEND_HEARTBEAT_LOST)}
                 _classify(attrs, codes.get(("ascend", attrs["code"])), f"fault {attrs['code']}")
                 out.append(_record(block, m.start(), attrs, _message(text, m.start(), m.group("msg"))))
+        if len(out) > 1:
             out.sort(key=lambda r: r.pos)
         return out
+
+
+def _off_bus(block: Block, xids: list[Record], codes: dict) -> list[Record]:
+    """A GPU that fell off the bus without its Xid 79 line (none of the same GPU within
+    ``OFF_BUS_NEAR`` lines): the same fault, code 79, attr ``inferred``."""
+    seen = [(dict(r.values[0][2]).get("device"), r.line) for r in xids if dict(r.values[0][2]).get("code") == 79]
+    out = []
+    for m in _OFF_BUS_RE.finditer(block.text):
+        dev = re.sub(r"\.[0-7]$", "", m.group("d1") or m.group("d2") or m.group("d3")).lower()
+        line = block.line_of(m.start())
+        if any(d == dev and abs(n - line) <= OFF_BUS_NEAR for d, n in seen):
+            continue
+        attrs: dict[str, object] = {"vendor": "nvidia", "device": dev, "code": 79, "inferred": True}
+        _classify(attrs, codes.get(("nvidia_xid", 79)), "Xid 79")
+        out.append(_record(block, m.start(), attrs, " ".join(m.group().split())[:MESSAGE_CHARS]))
+        seen.append((dev, line))
+    return out
 
 
 def _classify(attrs: dict[str, object], entry: FaultCode | None, name: str) -> None:
