@@ -11,6 +11,7 @@ records it could not read (bad CRC, damaged, torn at the end) go to ``warn``, on
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -22,6 +23,7 @@ from ..engine.pipeline import Pipeline
 from ..readers.filecursor import MetricFileStream
 from ..readers.faultcodes import current_codes
 from ..readers.metricmap import current_map
+from ..readers.parsers.kernel_time import reference_time
 from ..readers.streams import open_stream
 from ..engine.rulefile import RuleSet
 from ..series.state import SeriesState
@@ -46,7 +48,10 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
 
     pipeline.on_accepted = watch
     stream = open_stream(str(path), labels or {}, fmt, None, max_line_bytes=1 << 20, pattern=pattern)
-    try:
+    # a kernel log's syslog stamps carry no year: read them against the finished file's mtime
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(reference_time(_mtime(path)))
+        stack.callback(stream.close)
         now = time.time()
         size = os.stat(path).st_size if progress is not None else 0
         while True:  # bounded steps: a multi-GB log never sits in memory at once
@@ -59,8 +64,6 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
         pipeline.process(stream.finish(now))  # the rest, and the last line even without "\n"
         if progress is not None:
             progress(size, size, stream.stats.lines, None)
-    finally:
-        stream.close()
     if warn is not None:
         for message in _warnings(stream):
             warn(message)
@@ -92,6 +95,13 @@ def replay(path: Path, rules: RuleSet, fmt: str = "auto", labels: dict[str, str]
         "finished": any(s.finished for s in series),
         "attempts": max((s.attempt for s in series), default=1),
     }
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
 
 
 def _warnings(stream: Any) -> list[str]:

@@ -189,3 +189,18 @@ def test_each_shape_followed_as_a_file(tmp_path, zone, name, expected):
         stream.close()
     assert [(s.source.line, s.attr("code")) for s in samples] == expected
     assert all(s.metric == HW_FAULT and s.log_time is not None and s.producer == "kernel" for s in samples)
+
+
+def test_a_replayed_file_reads_syslog_years_against_its_mtime(tmp_path, zone):
+    zone("UTC")
+    log = tmp_path / "kern.log"
+    log.write_text(f"Dec 31 23:59:58 h kernel: {XID}\nJan  1 00:00:03 h kernel: {XID}\n")
+    mtime = utc(2024, 1, 1, 0, 0, 5)
+    with kernel_time.reference_time(mtime):
+        stream = LogStream(str(log), {}, "kernel")
+        try:
+            samples = stream.poll(1 << 20) + stream.finish()
+        finally:
+            stream.close()
+    assert [s.log_time for s in samples] == [utc(2023, 12, 31, 23, 59, 58), utc(2024, 1, 1, 0, 0, 3)]
+    assert faults(f"Dec 31 23:59:58 h kernel: {XID}\n")[0]["time"] == utc(2025, 12, 31, 23, 59, 58)   # now again

@@ -17,7 +17,8 @@ None), ``basis`` how the time was read (``BASES``). The rule is never to guess w
   ``/var/log/kern.log`` and ``journalctl`` default and ``-o short-precise`` (``Nov 28 07:42:14[.123456]
   host kernel: ...``), ``dmesg -T`` (``[Fri Aug 30 11:43:09 2024] ...``), a ``short-full`` stamp
   whose zone name is the host's: basis "local". Syslog stamps carry no year: the year is the one
-  that puts the stamp at most a day after now, so a December line read in January is last year's;
+  that puts the stamp at most a day after now (or after the ``reference_time`` a replay sets, the
+  file's mtime), so a December line read in January is last year's;
 * ``dmesg`` raw (``[12345.678901] ...``), ``journalctl -o short-monotonic`` and ``/dev/kmsg``
   records (``6,1234,5678901,-;...``, microseconds) only count from boot: no wall time is made up
   from them (the boot they count from is not in the file), ``log_time`` stays None, ``uptime`` is
@@ -28,8 +29,11 @@ None), ``basis`` how the time was read (``BASES``). The rule is never to guess w
 from __future__ import annotations
 
 import calendar
+import contextlib
 import re
 import time
+from contextvars import ContextVar
+from typing import Iterator
 
 BASES = ("offset", "epoch", "local", "uptime", "none")
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep",
@@ -61,6 +65,19 @@ _CACHE_MAX = 4096
 DAY = 86400.0
 EPOCH_END = 253402300800.0  # 10000-01-01T00:00:00Z
 _clock = time.time  # "now" for the year of a syslog stamp (tests set it)
+_reference: ContextVar[float | None] = ContextVar("kernel_log_reference", default=None)
+
+
+@contextlib.contextmanager
+def reference_time(t: float | None) -> Iterator[None]:
+    """Read syslog stamps without a year against ``t`` instead of now: a finished file's mtime
+    when it is replayed (its last line was written before it), so an old file's lines get their
+    own year. The live agent needs none (now is the file's mtime to within a read)."""
+    token = _reference.set(t)
+    try:
+        yield
+    finally:
+        _reference.reset(token)
 
 
 def _frac(f: str | None) -> float:
@@ -100,7 +117,9 @@ def local_seconds(y: int, mo: int, d: int, h: int, mi: int, s: int) -> float | N
 def syslog_year(mo: int, d: int, h: int, mi: int, s: int, now: float | None = None) -> int | None:
     """The year of a syslog stamp without one: the latest year that puts it at most a day after
     ``now`` (a December line read in January is last year's; 29 February goes back to a leap year)."""
-    now = _clock() if now is None else now
+    if now is None:
+        now = _reference.get()
+        now = _clock() if now is None else now
     year = time.localtime(now).tm_year
     for y in range(year + 1, year - 9, -1):
         t = local_seconds(y, mo, d, h, mi, s)
