@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from ..model import HW_FAULT, RERUN_VERDICT, Labels, Sample
 
 MAX_FAULTS = 256
+MAX_COUNTED = 1024  # (device, code, class) counters kept; further ones count as device/code "other"
 MAX_RERUNS = 256
 # A line stamp read this much older than its read time is stale for read-time comparisons, whatever
 # the time zone the stamp was printed in (offsets go up to 14 h): a kernel log read from its start
@@ -71,11 +72,17 @@ class HostLedger:
     def __init__(self) -> None:
         self.faults: deque[Note] = deque(maxlen=MAX_FAULTS)
         self.reruns: deque[Note] = deque(maxlen=MAX_RERUNS)
+        # every fault read, by (device, code, class): precision_agent_hardware_faults_total
+        self.counts: dict[tuple[str, str, str], int] = {}
 
     def note(self, sample: Sample) -> None:
         """Keep a ``hw_fault`` or ``rerun_verdict`` sample (others are ignored)."""
         if sample.metric == HW_FAULT:
             into, kind = self.faults, "fault"
+            key = (str(sample.attr("device", "")), str(sample.attr("code", "")), str(sample.attr("class", "unknown")))
+            if key not in self.counts and len(self.counts) >= MAX_COUNTED:
+                key = ("other", "other", key[2])
+            self.counts[key] = self.counts.get(key, 0) + 1
         elif sample.metric == RERUN_VERDICT:
             into, kind = self.reruns, "rerun"
         else:
