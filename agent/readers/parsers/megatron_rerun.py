@@ -46,6 +46,7 @@ from .base import Block, Parser, Record
 
 MESSAGE_CHARS = 200
 LINE_CHARS = 1000  # of a line looked at after a keyword, at most
+PER_LINE = 4       # messages read on one line, at most (a line holds one; a hostile one may repeat them)
 _KEY_RE = re.compile(
     r"(?P<first>First rerun: unexpected result is (?P<fnot>not )?reproducible within the tolerance)"
     r"|(?P<second>Second rerun: unexpected result is (?P<snot>not )?reproducible on a different GPU)"
@@ -55,7 +56,7 @@ _KEY_RE = re.compile(
     r"|(?P<tracker>\bjobID=\S{1,200} rank=(?P<trank>\d{1,9}) iteration=(?P<tit>\d{1,19}) "
     r"status=(?:RerunValidationStatus\.)?(?P<status>[A-Za-z_]{1,40}) )")
 _PREFIX_RE = re.compile(r"Rank (?P<rank>\d{1,9}), node (?P<node>[^,\n]{1,255}), device (?P<device>\d{1,9})"
-                        r"(?:, iteration #?(?P<it>\d{1,19}))?: $")
+                        r"(?:, iteration #?(?P<it>\d{1,19}))?: ")
 _ON_RANK_RE = re.compile(r" on rank (\d{1,9})")
 _AT_IT_RE = re.compile(r"at iteration #(\d{1,19})")
 _MSG_RE = re.compile(r"\(message='([^\n]{0,%d}?)'\)" % MESSAGE_CHARS)
@@ -90,13 +91,19 @@ class MegatronRerunParser(Parser):
 
     def parse(self, block: Block) -> list[Record]:
         text, out = block.text, []
+        line_start, on_line = -1, 0
         for m in _KEY_RE.finditer(text):
             start = text.rfind("\n", 0, m.start()) + 1
+            on_line = on_line + 1 if start == line_start else 1
+            line_start = start
+            if on_line > PER_LINE:
+                continue
             end = text.find("\n", m.end(), m.end() + LINE_CHARS)
             line_rest = text[m.end():end if end >= 0 else min(len(text), m.end() + LINE_CHARS)]
             attrs: dict[str, object] = {}
-            p = _PREFIX_RE.search(text, max(start, m.start() - 300), m.start())
-            if p is not None and p.end() == m.start():
+            i = text.rfind("Rank ", max(start, m.start() - 300), m.start())
+            p = _PREFIX_RE.fullmatch(text, i, m.start()) if i >= 0 else None  # ``log_failure``'s prefix
+            if p is not None:
                 attrs.update(rank=p.group("rank"), node=p.group("node").strip(), device=p.group("device"))
             it = int(p.group("it")) if p is not None and p.group("it") else None
             if m.group("tracker"):
@@ -135,10 +142,12 @@ class MegatronRerunParser(Parser):
                 attrs.setdefault("message", self._message)
                 if "rank" not in attrs and self._rank is not None:
                     attrs["rank"] = self._rank
-            attrs["verdict"] = verdict
             rec = block.record(m.start(), it, self.name)
+            if "rank" not in attrs and rec.rank is not None:
+                attrs["rank"] = rec.rank  # the line's ``[rankN]:`` prefix
+            attrs["verdict"] = verdict
             rec.values.append((RERUN_VERDICT, 1.0, tuple(attrs.items())))
-            self._incident(rec, it, verdict, p is not None and p.end() == m.start(), attrs)
+            self._incident(rec, it, verdict, p is not None, attrs)
             out.append(rec)
         return out
 
