@@ -19,7 +19,7 @@ GPU and, when it reproduces there, re-run from a checkpoint on another GPU. Its 
   iteration, oldest: ``Rank R, node N, device D: ``) and appends ``!``;
 * the tracker file (``--result-rejected-tracker-filename``): ``ts=... node=... device=... jobID=...
   rank=R iteration=I status=first_rerun_not_reproducible result=... message='...'`` (the status may
-  read ``RerunValidationStatus.FIRST_RERUN_NOT_REPRODUCIBLE`` under Python 3.12+).
+  read ``RerunValidationStatus.FIRST_RERUN_NOT_REPRODUCIBLE``: Python 3.11+ formats the str enum so).
 
 Each becomes a ``rerun_verdict`` sample (value 1, step = the iteration) with attrs ``verdict``:
 ``detected`` (rejected, no rerun yet), ``transient`` (not reproducible on the same GPU),
