@@ -78,6 +78,7 @@ class Pipeline:
         self._cleared_saved: dict[str, float] = {}
         if memory is not None:
             memory.extra["@alerts"] = (self._cleared_rows, self.alerts.restore_cleared)
+            memory.extra["@hardware"] = (self.suspects.ledger.rows, self.suspects.ledger.restore)
         self.set_rules(rules)
 
     def set_rules(self, rules: RuleSet) -> None:

@@ -9,6 +9,8 @@ Every note has two clocks: ``read`` (when the agent read it) and ``log_time`` (t
 its line, when there is one; the ``as if UTC`` reading of the parsers). agent/engine/suspect.py
 compares read times: a live agent reads a fault and a training line within seconds of their writing.
 A line whose stamp is far older than its reading (``Note.stale``) is backlog, never a fault of now.
+The notes are kept with the detectors' memory (the pipeline registers ``rows``/``restore``): a
+restart between a fault and the incident it explains keeps the fault.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class HostLedger:
         self.reruns: deque[Note] = deque(maxlen=MAX_RERUNS)
         # every fault read, by (device, code, class): precision_agent_hardware_faults_total
         self.counts: dict[tuple[str, str, str], int] = {}
+        self._changed = False  # a note kept since the last ``rows``
 
     def note(self, sample: Sample) -> None:
         """Keep a ``hw_fault`` or ``rerun_verdict`` sample (others are ignored)."""
@@ -93,6 +96,25 @@ class HostLedger:
         if kind == "rerun" and any(_same_rerun(note, o) for o in self.reruns):
             return  # the pair of lines of one outcome ("First rerun: ..." then "Possible transient error!")
         into.append(note)
+        self._changed = True
+
+    # -- kept with the detectors' memory (store/book.py ``extra``), so a restart keeps what was read --
+    def rows(self, full: bool) -> list | None:
+        """The notes as plain data; None when nothing changed since the last call (unless ``full``)."""
+        if not (full or self._changed):
+            return None
+        self._changed = False
+        return [[n.kind, n.read, n.log_time, n.step, [list(kv) for kv in n.labels],
+                 [[k, v] for k, v in n.attrs if v is None or isinstance(v, (str, int, float, bool))], n.where]
+                for n in (*self.faults, *self.reruns)]
+
+    def restore(self, data: object) -> None:
+        """Put back what ``rows`` gave; raises ValueError on anything else (the row is set aside)."""
+        if not isinstance(data, list):
+            raise ValueError("expected a list of notes")
+        notes = [_note(row) for row in data]
+        self.faults.extend(n for n in notes if n.kind == "fault")
+        self.reruns.extend(n for n in notes if n.kind == "rerun")
 
     def faults_between(self, start: float, end: float) -> Iterator[Note]:
         """Faults read within [start, end], less the stale ones."""
@@ -107,6 +129,22 @@ class HostLedger:
         for r in self.reruns:
             if all(kv in have for kv in r.labels):
                 yield r
+
+
+def _note(row: object) -> Note:
+    if not isinstance(row, list) or len(row) != 7:
+        raise ValueError("a note is a list of 7")
+    kind, read, log_time, step, labels, attrs, where = row
+    ok = (kind in ("fault", "rerun") and type(read) in (int, float) and (log_time is None or type(log_time) in (int, float))
+          and (step is None or type(step) is int) and isinstance(where, str)
+          and isinstance(labels, list) and all(isinstance(kv, list) and len(kv) == 2 and all(isinstance(x, str) for x in kv)
+                                                for kv in labels)
+          and isinstance(attrs, list) and all(isinstance(kv, list) and len(kv) == 2 and isinstance(kv[0], str)
+                                               for kv in attrs))
+    if not ok:
+        raise ValueError(f"not a note: {str(row)[:200]}")
+    return Note(kind, float(read), log_time, step, tuple((k, v) for k, v in labels),
+                tuple((k, v) for k, v in attrs), where)
 
 
 def _same_rerun(a: Note, b: Note) -> bool:

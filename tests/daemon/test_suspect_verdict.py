@@ -10,23 +10,14 @@ The Megatron rerun lines are the real message texts of megatron/core/rerun_state
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import wait_for
 from support.agent import AgentProcess, write_megatron
+from support.lines import append_lines
 
-WRITER = r"""
-import sys
-path, lines = sys.argv[1], sys.argv[2:]
-with open(path, "a") as f:
-    for line in lines:
-        f.write(line + "\n")
-        f.flush()
-"""
 KERNEL = "May 18 19:00:{:02d} gpu-node-a kernel: [ 8700.{:06d}] "
 XID13 = ("NVRM: Xid (PCI:0000:41:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception on "
          "(GPC 1, TPC 0, SM 0): Illegal Instruction Encoding")
@@ -37,12 +28,8 @@ NAN_LINE = (" iteration {it:>8}/    1000 | consumed samples: {s:>12} | learning 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "megatron_rerun"
 
 
-def append(path: Path, lines: list[str]) -> None:
-    subprocess.run([sys.executable, "-c", WRITER, str(path), *lines], check=True, timeout=60)
-
-
 def kernel(path: Path, lines: list[str]) -> None:
-    append(path, [KERNEL.format(i % 60, i) + line for i, line in enumerate(lines)])
+    append_lines(path, [KERNEL.format(i % 60, i) + line for i, line in enumerate(lines)])
 
 
 @pytest.fixture
@@ -63,7 +50,7 @@ def agent(tmp_path):
 def nan_incident(agent: AgentProcess, log: Path) -> dict:
     """A healthy bf16 Megatron run that goes NaN at iteration 21; its TrainingNonFinite alert."""
     write_megatron(log, 1, 20, scale="1.0", grad="0.9")
-    append(log, [NAN_LINE.format(it=21, s=168)])
+    append_lines(log, [NAN_LINE.format(it=21, s=168)])
     return firing(agent, log.stem)
 
 
@@ -107,7 +94,7 @@ def test_each_incident_says_hardware_numerics_or_unknown_by_what_came_before_it(
     # Megatron's rerun reproduced the NaN on another GPU: numerics, the Xid 79 of this host notwithstanding
     rerun = logs / "rerun.log"
     write_megatron(rerun, 88000, 88020, scale="1.0", grad="0.9")
-    append(rerun, (FIXTURES / "second_rerun_reproducible.log").read_text().splitlines())
+    append_lines(rerun, (FIXTURES / "second_rerun_reproducible.log").read_text().splitlines())
     a = firing(agent, "rerun")
     assert a["labels"]["suspect"] == "numerics" and a["labels"]["metric"] == "loss"
     ev = a["evidence"]["evidence"]["suspect_evidence"]
@@ -124,9 +111,21 @@ def test_each_incident_says_hardware_numerics_or_unknown_by_what_came_before_it(
 def test_megatron_transient_rerun_is_hardware_without_any_kernel_fault(agent):
     agent, _kern, logs = agent
     log = logs / "transient.log"
-    append(log, (FIXTURES / "validate_transient.log").read_text().splitlines())
+    append_lines(log, (FIXTURES / "validate_transient.log").read_text().splitlines())
     a = firing(agent, "transient")
     assert a["labels"]["suspect"] == "hardware"
     assert "not reproducible on a rerun on the same GPU" in a["annotations"]["suspect"]
     (r,) = [r for r in a["evidence"]["evidence"]["suspect_evidence"]["reruns"] if r["verdict"] == "transient"]
     assert (r["rank"], r["node"], r["device"], r["iteration"]) == ("3", "gpu-node-a", "3", 1235)
+
+
+def test_a_fault_read_before_a_restart_of_the_agent_still_decides(agent):
+    agent, kern, logs = agent
+    kernel(kern, [XID79])
+    wait_for(lambda: agent.metric("precision_agent_hardware_faults_total", code="79") == 1, what="Xid 79 counted")
+    assert agent.stop() == 0
+    agent.start()   # the kernel line is not read again (offsets kept): the fault comes back from the state
+    assert agent.metric("precision_agent_hardware_faults_total", code="79") is None   # a counter starts afresh
+    a = nan_incident(agent, logs / "after.log")
+    assert a["labels"]["suspect"] == "hardware"
+    assert [f["code"] for f in a["evidence"]["evidence"]["suspect_evidence"]["faults"]] == [79]

@@ -7,11 +7,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from precision_agent.readers.parsers import Block, CompositeParser
-
 from . import mutate
 from .core import Target
-from .logs import _check_records, make_block, pick
+from .logs import make_block, parsed_values, pick
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "megatron_rerun"
 SEEDS = [ln for f in sorted(FIXTURES.glob("*.log")) + sorted(FIXTURES.glob("*.txt"))
@@ -34,17 +32,10 @@ def _make(rng: random.Random) -> tuple[str, str]:
 
 
 def _run(payload: tuple[str, str], work: Path) -> None:
-    text, fmt = payload
-    parser = CompositeParser(fmt)
-    records = parser.parse(Block(text, 1))
-    _check_records(parser, records)
-    for rec in records:
-        for metric, _value, attrs in rec.values:
-            a = dict(attrs)
-            if metric == "rerun_verdict" and (a.get("verdict") not in VERDICTS
-                                              or len(str(a.get("message", ""))) > 200
-                                              or (rec.step is not None and not 0 <= rec.step < 1 << 63)):
-                raise AssertionError(f"bad rerun verdict {a!r} at step {rec.step!r}")
+    for rec, metric, a in parsed_values(*payload):
+        if metric == "rerun_verdict" and (a.get("verdict") not in VERDICTS or len(str(a.get("message", ""))) > 200
+                                          or (rec.step is not None and not 0 <= rec.step < 1 << 63)):
+            raise AssertionError(f"bad rerun verdict {a!r} at step {rec.step!r}")
 
 
 TARGETS = [Target("megatron_rerun_lines", _make, _run)]
