@@ -241,7 +241,9 @@ def _compare(check: AlertRuleTest, run: _Run) -> list[str]:
     if not missing and not left:
         return []
     keys = {k for e in check.exp_alerts for k in (e.exp_annotations or {})}  # shown: what is compared
-    got, left = ([(la, {k: v for k, v in an.items() if k in keys}) for la, an in alerts] for alerts in (got, left))
+    hide = set() if any(SUSPECT in e.exp_labels for e in check.exp_alerts) else {SUSPECT}
+    got, left = ([({k: v for k, v in la.items() if k not in hide}, {k: v for k, v in an.items() if k in keys})
+                  for la, an in alerts] for alerts in (got, left))
     lines = [f"alertname: {name}, time: {check.eval_time:g}s,",
              "    exp: " + _listing([(dict(e.exp_labels), e.exp_annotations) for e in check.exp_alerts]),
              "    got: " + _listing(got)]
