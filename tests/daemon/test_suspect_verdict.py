@@ -9,14 +9,13 @@ The Megatron rerun lines are the real message texts of megatron/core/rerun_state
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from conftest import wait_for
 from support.agent import AgentProcess, write_megatron
-from support.lines import append_lines
+from support.kernel import append_lines, kernel_agent
 
 KERNEL = "May 18 19:00:{:02d} gpu-node-a kernel: [ 8700.{:06d}] "
 XID13 = ("NVRM: Xid (PCI:0000:41:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception on "
@@ -34,16 +33,8 @@ def kernel(path: Path, lines: list[str]) -> None:
 
 @pytest.fixture
 def agent(tmp_path):
-    kdir, logs, state = tmp_path / "kernel", tmp_path / "logs", tmp_path / "state"
-    for d in (kdir, logs, state):
-        d.mkdir()
-    cfg = tmp_path / "agent.yml"
-    cfg.write_text(json.dumps({
-        "watches": [{"path": str(kdir), "format": "kernel"}, {"path": str(logs), "format": "megatron"}],
-        "evaluation_interval": "200ms", "resync_interval": "300ms", "suspect_window": "10m"}))
-    proc = AgentProcess(logs, state, "--config", str(cfg))
-    proc.args = [a for a in proc.args if a not in ("--watch", str(logs))]   # the config's two watches
-    yield proc.start(), kdir / "kern.log", logs
+    proc, kern, logs = kernel_agent(tmp_path, {"format": "megatron"}, suspect_window="10m")
+    yield proc.start(), kern, logs
     proc.kill()
 
 
