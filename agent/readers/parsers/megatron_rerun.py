@@ -34,7 +34,8 @@ disabled) is also a ``nonfinite_message`` sample: the state machine stops or rep
 before its loss is printed, so its lines are the only record of the incident. It comes once per
 iteration and outcome, with the verdict already noted (same record, the verdict first).
 
-A hint parser: it runs beside whichever format reads the file and claims no line.
+A hint parser: it runs beside whichever format reads the file, first (priority 5: it also sees the
+lines another reader claims, e.g. ``user_print`` reading ``(message='loss is NaN')``), and claims no line.
 """
 
 from __future__ import annotations
