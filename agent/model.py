@@ -42,7 +42,11 @@ READER_METRICS = frozenset({LOG_UNRECOGNIZED})
 # Faults of the host's devices (agent/readers/parsers/kernel.py): judged by rules, kept in no training series
 HW_FAULT = "hw_fault"          # one driver fault in the kernel log (attrs: device, code, class, meaning, ...)
 HOST_METRICS = frozenset({HW_FAULT})
-UNSERIED_METRICS = READER_METRICS | HOST_METRICS  # samples the pipeline judges without keeping a series
+# The job's own verdict on a rejected result (agent/readers/parsers/megatron_rerun.py): read by the
+# suspect verdict (agent/engine/suspect.py), kept in no training series
+RERUN_VERDICT = "rerun_verdict"  # attrs: verdict (detected | transient | reproducible_same_gpu | ...), rank, ...
+JOB_VERDICT_METRICS = frozenset({RERUN_VERDICT})
+UNSERIED_METRICS = READER_METRICS | HOST_METRICS | JOB_VERDICT_METRICS  # judged without keeping a series
 
 TRAINING_METRICS = (LOSS, EVAL_LOSS, GRAD_NORM, LOSS_SCALE, LEARNING_RATE)
 

@@ -68,11 +68,18 @@ class AgentCollector(Collector):
                       if a.state.value != "resolved"]
             findings = dict(self.pipeline.findings_total)
             evicted = self.pipeline.evicted_series
+            faults = sorted(self.pipeline.suspects.ledger.counts.items())
         yield from self._training(series)
         yield from self._alerts(alerts, findings)
         c = CounterMetricFamily(P + "series_evicted", "Training series dropped to keep label cardinality bounded.")
         c.add_metric([], evicted)
         yield c
+        hw = CounterMetricFamily(P + "hardware_faults", "Device faults read from kernel logs (format: kernel), by "
+                                 "device, code and class (hardware | application | unknown).",
+                                 labels=["device", "code", "class"])
+        for key, n in faults:
+            hw.add_metric(list(key), n)
+        yield hw
 
     def _health(self) -> Iterator[Metric]:
         counters, errors, gauges = self.health.snapshot()

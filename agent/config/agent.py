@@ -182,6 +182,9 @@ class Config(Strict):
     debounce: Duration = 0.05
     dump_settle: Duration = 5.0  # a dump directory is scanned once it has been quiet this long
     series_ttl: Duration = 86400.0  # forget a run's series this long after its last record
+    # a hardware-class device fault read this long before an incident makes it suspect="hardware"
+    # (agent/engine/suspect.py, docs/hardware.md)
+    suspect_window: Duration = Field(600.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     watches: list[Watch] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)

@@ -66,6 +66,7 @@ class Agent:
         self.store = StateStore(config.state_dir, lambda msg: self.health.error("state", "%s", msg))
         self.saves = SaveTracker(self.health, self.store.path)  # a full disk: reported once, retried
         self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series, memory=MemoryBook())
+        self.pipeline.suspects.window = config.suspect_window
         self.dump_book = DumpBook()
         self.dumpflow = DumpFlow(config, self.health, self.pipeline, self.store, self.dump_book, self.saves)
         self.dumpflow.restore()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..model import Alert, AlertState, Finding, Labels, fingerprint
 from .rulefile import Rule
+from .suspect import identity, later
 
 # set in an alert's finding when its rule's stored memory was unreadable at start (the time)
 MEMORY_LOST = "memory_lost_at"
@@ -37,7 +38,7 @@ class AlertBook:
     # -- inputs ------------------------------------------------------------------------------
     def hit(self, rule: Rule, finding: Finding) -> tuple[Alert, bool]:
         """Record a hit; returns the alert and whether this hit opened it (an onset)."""
-        fp = fingerprint(rule.name, finding.labels)
+        fp = fingerprint(rule.name, identity(finding.labels))  # the suspect label never splits an alert
         now = finding.time
         a = self.alerts.get(fp)
         onset = a is None or a.state == AlertState.RESOLVED
@@ -53,6 +54,8 @@ class AlertBook:
             # its origin may move to an earlier step or rank, its affected steps grow
             a.annotations = dict(finding.annotations)
             a.finding = finding.to_json()
+        elif not onset:
+            later(a, finding)  # the suspect verdict as it stands now, beside the onset's
         # Otherwise the evidence and annotations stay those of the onset (the first bad step is
         # what a responder needs); the latest occurrence is kept beside them.
         a.finding["latest"] = {"step": finding.step, "value": finding.value, "time": now,

@@ -19,6 +19,7 @@ from ..detectors import Clear, Detector, Hit
 from ..detectors.base import slots_of
 from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample
 from .rulefile import Rule, RuleSet
+from .suspect import SuspectJudge
 from ..series.state import SeriesState
 
 log = logging.getLogger(__name__)
@@ -73,9 +74,11 @@ class Pipeline:
         self._run_hints: OrderedDict[Labels, dict[str, Sample]] = OrderedDict()
         self._rules_by_name: dict[str, Rule] = {}
         self.memory = memory
+        self.suspects = SuspectJudge()  # the suspect label of incident alerts, and its host ledger
         self._cleared_saved: dict[str, float] = {}
         if memory is not None:
             memory.extra["@alerts"] = (self._cleared_rows, self.alerts.restore_cleared)
+            memory.extra["@hardware"] = (self.suspects.ledger.rows, self.suspects.ledger.restore)
         self.set_rules(rules)
 
     def set_rules(self, rules: RuleSet) -> None:
@@ -191,6 +194,7 @@ class Pipeline:
                     continue
                 if sample.metric in UNSERIED_METRICS:  # reader health, host faults: judged, no series kept
                     series, accepted_samples = SeriesState(sample.labels), [sample]
+                    self.suspects.ledger.note(sample)  # device faults, rerun verdicts: suspect.py
                 else:
                     series = self.series_for(sample.labels)
                     self.dirty_series.add(sample.labels)
@@ -244,6 +248,8 @@ class Pipeline:
                     summary=hit.message, time=now, step=hit.step, source=hit.source, value=hit.value,
                     evidence=hit.evidence,
                     annotations=rule.annotate(labels, hit.value, hit.step, hit.source, hit.evidence))
+        if self.suspects.judges(rule):  # incident rules: hardware, numerics or unknown
+            f = self.suspects.judged(rule, f, self.alerts.alerts, self.series)
         _alert, onset = self.alerts.hit(rule, f)
         if rule.detector.stateful and not onset:
             return None  # a state that still holds (scale still at the floor) is not a new finding

@@ -5,25 +5,14 @@ the kernel's other lines never make the file "unrecognized"."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import wait_for
 from support.agent import AgentProcess
+from support.kernel import append_lines, kernel_agent
 
-# appends the given lines to a file, one flush each, as syslog writes the kernel's messages
-WRITER = r"""
-import sys
-path, lines = sys.argv[1], sys.argv[2:]
-with open(path, "a") as f:
-    for line in lines:
-        f.write(line + "\n")
-        f.flush()
-"""
 PREFIX = "May 18 19:02:{:02d} gpu-node-a kernel: [ 87{:02d}.061820] "
 NOISE = ["IPv6: ADDRCONF(NETDEV_CHANGE): veth3c1e2f0: link becomes ready",
          'audit: type=1400 audit(1716058950.104:412): apparmor="STATUS" operation="profile_load"',
@@ -35,22 +24,14 @@ XID79 = "NVRM: Xid (PCI:0000:3B:00): 79, pid=51210, name=python3, GPU has fallen
 
 def write(path: Path, lines: list[str]) -> None:
     lines = [PREFIX.format(i % 60, i % 100) + line for i, line in enumerate(lines)]
-    subprocess.run([sys.executable, "-c", WRITER, str(path), *lines], check=True, timeout=60)
+    append_lines(path, lines)
 
 
 @pytest.fixture
 def agent(tmp_path):
-    kernel, logs, state = tmp_path / "kernel", tmp_path / "logs", tmp_path / "state"
-    for d in (kernel, logs, state):
-        d.mkdir()
-    cfg = tmp_path / "agent.yml"
-    cfg.write_text(json.dumps({
-        "watches": [{"path": str(kernel), "format": "kernel"}, {"path": str(logs)}],
-        "evaluation_interval": "200ms", "resync_interval": "300ms",
-        "limits": {"unrecognized_lines": 40, "unrecognized_min_lines": 10, "unrecognized_after": "1h"}}))
-    proc = AgentProcess(logs, state, "--config", str(cfg))
-    proc.args = [a for a in proc.args if a not in ("--watch", str(logs))]   # the config's two watches
-    yield proc.start(), kernel / "kern.log"
+    proc, kern, _logs = kernel_agent(tmp_path, limits={"unrecognized_lines": 40, "unrecognized_min_lines": 10,
+                                                       "unrecognized_after": "1h"})
+    yield proc.start(), kern
     proc.kill()
 
 

@@ -50,7 +50,7 @@ def test_a_nan_that_persists_on_two_ranks_is_one_alert_naming_its_origin() -> No
         p.process(_dump(step, 0, later or "Distributed.all_reduce.0.forward", order=40 if step == 3 else 50))
         p.process(_dump(step, 1, later or "Torch.matmul.0.forward", order=12 if step == 3 else 50))
     (a,) = _nonfinite(p)
-    assert dict(a.labels) == {"run": "r", "incident": "1", "severity": "page"}   # no op, no rank
+    assert dict(a.labels) == {"run": "r", "incident": "1", "severity": "page", "suspect": "unknown"}   # no op, no rank
     ev = a.finding["evidence"]
     assert (a.finding["step"], ev["origin_rank"], ev["op"]) == (3, "1", "Torch.matmul.0.forward")
     assert ev["affected_steps"] == list(range(3, 13)) and ev["affected_steps_total"] == 10

@@ -99,7 +99,7 @@ def test_firing_then_resolved_in_alertmanager(am: tuple[str, WebhookSink]) -> No
         assert len(got) == 1
         a = got[0]
         assert a["labels"] == {"alertname": "LossScaleAtFloor", "run": "r-fire", "rank": "0",
-                               "severity": "page", "instance": "host-a", "cluster": "c1"}
+                               "severity": "page", "instance": "host-a", "cluster": "c1", "suspect": "unknown"}
         assert a["annotations"]["summary"] == "Loss scale fell to 1 (floor 1) at step 2"
         assert a["annotations"]["runbook_url"] == default_runbook_base() + "/LossScaleAtFloor.md"
         assert a["generatorURL"] == "http://host-a:19400/api/v1/alerts"
@@ -356,7 +356,7 @@ def test_daemon_pushes_to_alertmanager(am: tuple[str, WebhookSink], tmp_path: Pa
                 f.write(megatron_line(it, 10, scale) + "\n")
         [a] = wait_for(lambda: _am_alerts(url, "r-daemon"), 20, what="the daemon's alert in Alertmanager")
         assert a["labels"] == {"alertname": "LossScaleAtFloor", "run": "r-daemon", "severity": "page",
-                               "instance": "node-7"}
+                               "instance": "node-7", "suspect": "unknown"}
         assert a["generatorURL"] == f"http://127.0.0.1:{port}/api/v1/alerts"
         status, body = http_get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200 and "precision_agent_alertmanager_alerts_sent_total 1.0" in body.decode()

@@ -243,17 +243,19 @@ def _make_kernel(rng: random.Random) -> tuple[str, str]:
     return (pick(rng, KERNEL_SEEDS) + " " + line)[: mutate.TEXT_MAX * 2] + "\n", pick(rng, ["kernel", "auto"])
 
 
-def _run_kernel(payload: tuple[str, str], work: Path) -> None:
-    text, fmt = payload
+def parsed_values(text: str, fmt: str) -> list[tuple[Any, str, dict[str, Any]]]:
+    """(record, metric, attrs) of every value the parsers of ``fmt`` read in ``text``, records checked."""
     parser = CompositeParser(fmt)
     records = parser.parse(Block(text, 1))
     _check_records(parser, records)
-    for rec in records:
-        for metric, _value, attrs in rec.values:
-            a = dict(attrs)
-            if metric == "hw_fault" and (a.get("class") not in ("hardware", "application", "unknown")
-                                         or not isinstance(a.get("code"), (int, str)) or len(a.get("message", "")) > 240):
-                raise AssertionError(f"bad fault {a!r}")
+    return [(rec, metric, dict(attrs)) for rec in records for metric, _value, attrs in rec.values]
+
+
+def _run_kernel(payload: tuple[str, str], work: Path) -> None:
+    for _rec, metric, a in parsed_values(*payload):
+        if metric == "hw_fault" and (a.get("class") not in ("hardware", "application", "unknown")
+                                     or not isinstance(a.get("code"), (int, str)) or len(a.get("message", "")) > 240):
+            raise AssertionError(f"bad fault {a!r}")
 
 
 TARGETS = [

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from . import dumps, files, kernel, logs, metricfiles, regexes
+from . import dumps, files, kernel, logs, metricfiles, regexes, rerun
 from .core import Target
 
 TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS, *kernel.TARGETS, *dumps.TARGETS, *files.TARGETS,
-                                                 *metricfiles.TARGETS, *regexes.TARGETS)}
+                                                 *metricfiles.TARGETS, *regexes.TARGETS, *rerun.TARGETS)}
 
 # Cases per `make test` run (tests/fuzzing/test_fuzz.py), sized so the whole suite of them takes about a
 # minute on two cores; "http" runs against the real daemon (tests/fuzzing/web.py).
 TEST_PLAN: dict[str, int] = {
-    "log_lines": 2200, "kernel_lines": 500, "kernel_log": 600, "hints": 800, "logstream": 800, "tfevents": 300,
-    "metric_csv": 300,
+    "log_lines": 2200, "kernel_lines": 500, "kernel_log": 600, "megatron_rerun_lines": 400, "hints": 800,
+    "logstream": 800, "tfevents": 300, "metric_csv": 300,
     "protobuf": 2000, "dump_npy": 1200, "dump_msprobe": 600, "dump_cann": 600, "dump_opdebug": 500,
     "dump_mindspore": 500,
     "rule_files": 500, "config": 500, "rules_test": 300, "user_regex": 300,
