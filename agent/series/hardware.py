@@ -28,6 +28,10 @@ MAX_RERUNS = 256
 # the time zone the stamp was printed in (offsets go up to 14 h): a kernel log read from its start
 # by a new agent, not a fault of the incident being judged now.
 STALE_S = 15 * 3600.0
+# ... and this much for a stamp that is exact (an offset on the line, or an epoch: ``time_basis`` of
+# the kernel parsers, agent/readers/parsers/kernel_time.py): no zone doubt to allow for
+EXACT_STALE_S = 3600.0
+EXACT_BASES = frozenset({"offset", "epoch"})
 RUN_LESS = frozenset({"rank", "metric", "incident", "device", "code", "severity", "suspect"})
 
 
@@ -50,7 +54,10 @@ class Note:
     @property
     def stale(self) -> bool:
         """Read long after its own stamp says it was written (older than any time zone explains)."""
-        return self.log_time is not None and self.read - self.log_time > STALE_S
+        if self.log_time is None:
+            return False
+        limit = EXACT_STALE_S if self.attr("time_basis") in EXACT_BASES else STALE_S
+        return self.read - self.log_time > limit
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: v for k, v in self.attrs if isinstance(v, (str, int, float, bool))}

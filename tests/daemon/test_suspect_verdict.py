@@ -9,6 +9,7 @@ The Megatron rerun lines are the real message texts of megatron/core/rerun_state
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from conftest import wait_for
 from support.agent import AgentProcess, write_megatron
 from support.kernel import append_lines, kernel_agent
 
-KERNEL = "May 18 19:00:{:02d} gpu-node-a kernel: [ 8700.{:06d}] "
+# syslog stamps in the host's zone, of now: a kernel log line is read as it is written (an old
+# stamp is backlog, agent/series/hardware.py)
+KERNEL = "{} gpu-node-a kernel: [ 8700.{:06d}] "
 XID13 = ("NVRM: Xid (PCI:0000:41:00): 13, pid='<unknown>', name=<unknown>, Graphics SM Warp Exception on "
          "(GPC 1, TPC 0, SM 0): Illegal Instruction Encoding")
 XID79 = "NVRM: Xid (PCI:0000:3B:00): 79, pid=51210, name=python3, GPU has fallen off the bus."
@@ -28,7 +31,7 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "megatron_rerun"
 
 
 def kernel(path: Path, lines: list[str]) -> None:
-    append_lines(path, [KERNEL.format(i % 60, i) + line for i, line in enumerate(lines)])
+    append_lines(path, [KERNEL.format(time.strftime("%b %d %H:%M:%S"), i) + line for i, line in enumerate(lines)])
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ damaged row is refused, never half-restored)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -34,6 +35,18 @@ def test_faults_by_read_time_stale_lines_never():
     led.note(Sample(make_labels({"run": "r"}), LOSS, 1.0, 1, SourcePos("/l", 1), T0))   # not a ledger's sample
     assert [f.attr("code") for f in led.faults_between(T0 - 1, T0 + 10)] == [79, 94]
     assert [f.attr("code") for f in led.faults_between(T0 + 1, T0 + 10)] == [94]
+
+
+def test_an_exact_stamp_hours_before_its_reading_is_backlog():
+    """An offset or epoch stamp leaves no zone doubt: 2 h old when read is an old fault, not one of now;
+    a zone-less one may be a zone away and counts."""
+    def stamped(code: int, age: float, basis: str | None) -> Sample:
+        f = fault(code, "hardware", T0, log_time=T0 - age)
+        return replace(f, attrs=f.attrs + ((("time_basis", basis),) if basis else ()))
+    led = HostLedger()
+    for s in (stamped(79, 2 * 3600, "offset"), stamped(94, 120, "epoch"), stamped(48, 2 * 3600, None)):
+        led.note(s)
+    assert [f.attr("code") for f in led.faults_between(T0 - 1, T0 + 1)] == [94, 48]
 
 
 def test_counts_every_fault_by_device_code_class_bounded(monkeypatch):
