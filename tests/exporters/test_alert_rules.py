@@ -117,7 +117,12 @@ def test_promtool_test_rules() -> None:
      "agent_alertname: TrainingNonFinite}",
      "exp_labels: {severity: page, job: precision-agent, instance: \"h1:19400\", run: r1, "
      "agent_alertname: TrainingNonFinite}"),
-], ids=["wrong-labels", "for-not-elapsed", "wrong-severity"])
+    # the origin on hA, next to its GPU's Xid 79, claimed to be a numerics (owner's) incident
+    ("exp_labels: {severity: page, origin: \"true\", suspect: hardware, job: precision-agent, instance: \"hA:19400\", "
+     "run: r1, rank: \"0\"}",
+     "exp_labels: {severity: page, origin: \"true\", suspect: unknown, job: precision-agent, instance: \"hA:19400\", "
+     "run: r1, rank: \"0\"}"),
+], ids=["wrong-labels", "for-not-elapsed", "wrong-severity", "wrong-suspect"])
 def test_promtool_test_rules_can_fail(tmp_path: Path, old: str, new: str) -> None:
     """A deliberately wrong expectation must make `promtool test rules` fail (rc != 0)."""
     text = ALERTS_TEST.read_text()
