@@ -49,9 +49,10 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from support.prom import (PROM_DIR, REPO, Proc, free_port, find_binary, get_json, is_ready, prom_query,
-                         running_alertmanager, start_listening, stop_all, wait_alive, wait_until)
+from support.prom import (REPO, Proc, free_port, find_binary, get_json, is_ready, prom_query,
+                         running_alertmanager, stop_all, wait_alive, wait_until)
 from support.prom import WebhookSink
+from support.promstack import fleet_job, finish, shipped_alertmanager_config, shipped_prom_rules, start_prometheus
 
 pytestmark = pytest.mark.e2e
 
@@ -61,9 +62,9 @@ JOB = "precision-agent"
 RUN_A, RUN_B = "gptA", "gptB"
 ORIGIN = {RUN_A: 22, RUN_B: 45}     # global ranks: host 5 rank 22, host 11 rank 45
 BAD_OP = "Functional.linear.3.forward"
-JOB_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "fleet_job.py"
+JOB_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "fleet_job.py"   # also its dump form
 RESOLVE_AFTER = {"TrainingNonFinite": ("10m", "3s"), "DumpNonFinite": ("1h", "6s")}   # shipped, here
-ORIGIN_WINDOW = ("[70m]", "[12s]")  # alerts.yml's memory of the origin: shipped, here
+ORIGIN_WINDOW = ("[70m]", "[12s]")  # alerts.yml's memory of the origin (and its verdict): shipped, here
 
 
 def _agent_rules(dest: Path) -> Path:
@@ -84,40 +85,9 @@ def _agent_rules(dest: Path) -> Path:
     return dest
 
 
-def _prom_rules(dest: Path) -> Path:
-    """A copy of alerts.yml; only the origin's memory window changes."""
-    doc = yaml.safe_load((PROM_DIR / "alerts.yml").read_text())
-    changed = 0
-    for g in doc["groups"]:
-        for r in g["rules"]:
-            if "last_over_time(" in r.get("expr", ""):
-                assert ORIGIN_WINDOW[0] in r["expr"], r
-                r["expr"] = r["expr"].replace(*ORIGIN_WINDOW)
-                changed += 1
-    assert changed == 3, changed
-    dest.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return dest
-
-
-def _alertmanager_config(sink_port: int) -> dict[str, Any]:
-    cfg = yaml.safe_load((REPO / "exporters" / "alertmanager" / "alertmanager.yml").read_text())
-    for r in cfg["receivers"]:
-        for hook in r.get("webhook_configs", []):
-            hook["url"] = f"http://127.0.0.1:{sink_port}/" + hook["url"].split("/", 3)[3]
-    cfg["route"].update(group_wait="5s", group_interval="2s")
-    return cfg
-
-
 def _job(root: Path, run: str, first: int, last: int, pause: float = 0.0,
          nan_from: dict[int, int] | None = None) -> subprocess.Popen:
-    args = [sys.executable, str(JOB_SCRIPT), str(root), run, str(HOSTS), str(PER_HOST), str(first), str(last),
-            str(pause), *(f"{r}={s}" for r, s in (nan_from or {}).items())]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def _finish(p: subprocess.Popen) -> None:
-    out, _ = p.communicate(timeout=60)
-    assert p.returncode == 0, out.decode(errors="replace")
+    return fleet_job(root, run, HOSTS, PER_HOST, first, last, pause, nan_from)
 
 
 @dataclass
@@ -197,7 +167,7 @@ def _agents_ready(fleet: Fleet) -> bool:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    prometheus = find_binary("prometheus")
+    find_binary("prometheus")   # skipped (failed under CI) before anything starts when it is missing
     root = tmp_path_factory.mktemp("fleet")
     sink = WebhookSink()
     f = Fleet(root, sink)
@@ -207,23 +177,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         stack.callback(lambda: [(p.terminate(), p.communicate(timeout=30)) for p in f.jobs if p.poll() is None])
         # the job has been running for a while: four healthy steps of both runs on every rank
         for p in [_job(root, RUN_A, 1, 4), _job(root, RUN_B, 1, 4)]:
-            _finish(p)
+            finish(p)
         _start_agents(f, _agent_rules(root / "agent-rules"))
         (root / "am").mkdir()
-        f.am_url = stack.enter_context(running_alertmanager(_alertmanager_config(sink.port), root / "am"))
-        prom_cfg = root / "prometheus.yml"
-        prom_cfg.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(_prom_rules(root / "alerts.yml"))],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f.am_url.split("//")[1]]}]}]},
-            "scrape_configs": [{"job_name": JOB, "file_sd_configs": [{"files": [str(f.sd_file)]}]}]}))
-        (root / "prom").mkdir()
-        prom, port = start_listening("prometheus", lambda p: [
-            prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={root / 'prom'}",
-            f"--web.listen-address=127.0.0.1:{p}", f"--web.external-url=http://127.0.0.1:{p}",
-            "--storage.tsdb.retention.time=1h", "--rules.alert.resend-delay=1s"], root)
+        f.am_url = stack.enter_context(running_alertmanager(
+            shipped_alertmanager_config(sink.port, group_wait="5s", group_interval="2s"), root / "am"))
+        prom, f.prom_url = start_prometheus(
+            root, shipped_prom_rules(root / "alerts.yml", ORIGIN_WINDOW, 5), f.am_url,
+            [{"job_name": JOB, "file_sd_configs": [{"files": [str(f.sd_file)]}]}])
         f.procs.append(prom)
-        f.prom_url = f"http://127.0.0.1:{port}"
         wait_until(lambda: _agents_ready(f), 60, f"{HOSTS} agents ready", on_timeout=f.logs)
         yield f
 
@@ -294,8 +256,8 @@ def test_one_page_per_incident_naming_the_origin_then_resolved(fleet: Fleet) -> 
     # gptA restarts from its checkpoint at step 3: the incident resolves
     t_restart = time.monotonic()
     jobs[RUN_A].terminate()
-    _finish(jobs[RUN_A])
-    _finish(_job(f.root, RUN_A, 3, 5, 0.5))
+    finish(jobs[RUN_A])
+    finish(_job(f.root, RUN_A, 3, 5, 0.5))
     resolved = f.wait(lambda: f.notifications(RUN_A, "resolved"), 60, "the resolved notification of gptA")
     t_resolved = time.monotonic()
     (done,) = resolved

@@ -6,7 +6,8 @@
   expectation fails;
 - a real Alertmanager (Debian's 0.25, 127.0.0.1) running the shipped routes and inhibition rules
   marks the propagated copies of a non-finite incident, an agent's own silence while it is down,
-  and the tickets of a paged run as suppressed, and notifies one page per run, naming the origin.
+  and the tickets of a paged run as suppressed, and notifies one page per run, naming the origin;
+  a hardware suspect (suspect="hardware", SuspectHardware) goes to the infra receiver instead.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def test_grouping_receivers_and_inhibit_rules_are_as_documented() -> None:
     cfg = _config()
     route = cfg["route"]
     assert route["group_by"] == ["job", "run"]
-    assert {r["name"] for r in cfg["receivers"]} == {"page", "ticket", "null"}
+    assert {r["name"] for r in cfg["receivers"]} == {"page", "ticket", "null", "infra"}
     for r in cfg["receivers"]:  # placeholders reach nothing outside this host
         for hook in r.get("webhook_configs", []):
             assert hook["url"].startswith("http://127.0.0.1:"), hook
@@ -82,9 +83,29 @@ ROUTES = [
     ("prometheus-copy", ["alertname=PrecisionAgentAlertFiring", "agent_alertname=LossScaleAtFloor",
                          "severity=page", "run=r1"]),
     ("default", ["alertname=NoSeverity", "run=r1"]),
+    # hardware or numerics (docs/alertmanager.md): hardware suspects to infra, the rest as before
+    ("origin-hardware", ["alertname=TrainingNonFiniteOrigin", "suspect=hardware", "severity=page", f"job={JOB}",
+                         "run=r1", "instance=h7:19400", "rank=5"]),
+    ("origin-numerics", ["alertname=TrainingNonFiniteOrigin", "suspect=numerics", "severity=page", f"job={JOB}",
+                         "run=r1", "instance=h7:19400", "rank=5"]),
+    ("origin-unknown", ["alertname=TrainingNonFiniteOrigin", "suspect=unknown", "severity=page", f"job={JOB}",
+                        "run=r1", "instance=h7:19400", "rank=5"]),
+    ("agent-hardware", ["alertname=LossScaleCollapse", "suspect=hardware", "severity=page", "run=r1"]),
+    ("agent-numerics-ticket", ["alertname=TrainingLossDivergence", "suspect=numerics", "severity=ticket",
+                               "run=r1"]),
+    ("prometheus-copy-hardware", ["alertname=PrecisionAgentAlertFiring", "agent_alertname=TrainingNonFinite",
+                                  "suspect=hardware", "severity=page", "run=r1"]),
+    ("suspect-host", ["alertname=SuspectHardware", "severity=page", "host=h7"]),
+    ("xid", ["alertname=GpuHardwareFault", "severity=page", "device=0000:3b:00", "code=79", "instance=h7"]),
+    ("xid-prometheus-copy", ["alertname=PrecisionAgentAlertFiring", "agent_alertname=GpuHardwareFault",
+                             "severity=page", "device=0000:3b:00", "code=79", "instance=h7:19400"]),
+    ("info-hardware", ["alertname=SomeInfo", "severity=info", "suspect=hardware"]),
 ]
 EXPECTED = {"page": "page", "critical": "page", "ticket": "ticket", "warning": "ticket", "info": "null",
-            "origin": "page", "prometheus-copy": "page", "default": "ticket"}
+            "origin": "page", "prometheus-copy": "page", "default": "ticket",
+            "origin-hardware": "infra", "origin-numerics": "page", "origin-unknown": "page", "agent-hardware": "infra",
+            "agent-numerics-ticket": "ticket", "prometheus-copy-hardware": "infra", "suspect-host": "infra",
+            "xid": "infra", "xid-prometheus-copy": "infra", "info-hardware": "null"}
 
 
 @pytest.mark.e2e
@@ -150,6 +171,8 @@ SUPPRESSED = {
     # (c) the ticket of a paged run
     _key({"alertname": "LossScaleDecreasing", "run": "r1", "instance": "h1:19400", "rank": "0"}),
     _key({"alertname": "TrainingLossStuck", "run": "r2", "instance": "h1:19400", "rank": "0"}),
+    # (a) copies of run r5's incident, whose origin is a hardware suspect
+    _key({"alertname": "TrainingNonFinite", "run": "r5", "instance": "h8:19400", "rank": "3"}),
     # (b) the silence of an agent that is down
     _key({"alertname": "PrecisionAgentNoLogProgress", "run": "r4", "instance": "h5:19400", "rank": "0"}),
     _key({"alertname": "TrainingStalled", "run": "r4", "instance": "h5:19400", "rank": "1"}),
@@ -180,6 +203,11 @@ def test_shipped_inhibition_in_a_real_alertmanager(shipped_am: tuple[str, Webhoo
         _alert("TrainingStalled", run="r4", instance="h5:19400", rank="1", severity="warning", job=JOB),
         _alert("PrecisionAgentNoLogProgress", run="r4", instance="h6:19400", rank="0", **ticket),
         _alert("SomeInfo", run="r3", instance="h4:19400", severity="info", job=JOB),
+        # run r5: its origin h9 had an Xid 79 near the first bad step: infra is paged, not the
+        # owner; its copies are inhibited all the same. h9 is a suspect host too (one notification)
+        _alert("TrainingNonFinite", run="r5", instance="h8:19400", rank="3", metric="loss", **page),
+        _alert("TrainingNonFiniteOrigin", run="r5", instance="h9:19400", rank="7", suspect="hardware", **page),
+        _alert("SuspectHardware", host="h9", severity="page"),
     ]
     _post(url, alerts)
 
@@ -221,3 +249,10 @@ def test_shipped_inhibition_in_a_real_alertmanager(shipped_am: tuple[str, Webhoo
     # notified (above), it has flushed too, with nothing to send; info goes nowhere
     assert not notified("/precision-agent/ticket", "r1"), sink.payloads("/precision-agent/ticket")
     assert not any(a["labels"]["alertname"] == "SomeInfo" for p in sink.payloads() for a in p["alerts"])
+    # the hardware suspect: infra gets the origin of r5 and the host, the owner's page nothing of r5
+    r5 = wait_until(lambda: notified("/precision-agent/infra", "r5"), 20, "the infra page of run r5")
+    assert r5 == [{"TrainingNonFiniteOrigin"}], r5
+    host = wait_until(lambda: [p for p in sink.payloads("/precision-agent/infra") if p["groupLabels"] == {"host": "h9"}],
+                      20, "the SuspectHardware notification of h9")
+    assert [{a["labels"]["alertname"] for a in p["alerts"]} for p in host] == [{"SuspectHardware"}], host
+    assert not notified("/precision-agent/page", "r5"), sink.payloads("/precision-agent/page")

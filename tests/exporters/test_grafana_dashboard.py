@@ -34,7 +34,14 @@ MAY_BE_EMPTY = {
     "First bad op": "needs a scanned dump with NaN (precision_agent_dump_first_nonfinite_step)",
     "Fusion suspected": "needs a FusionSuspected alert (two runs labelled fusion on/off)",
     "Errors / s by kind": "shows only kinds with errors (> 0)",
+    "Suspect hosts": "needs a SuspectHardware alert (the shipped Prometheus rules and an incident)",
+    "NaN origins by host (3 days)": "needs a TrainingNonFiniteOrigin of the shipped Prometheus rules",
+    "Hardware evidence (10m)": "needs hardware evidence (a DCGM or npu-exporter target, or a kernel-log fault)",
 }
+# Series the shipped Prometheus rules (exporters/prometheus/alerts.yml) record, and their alerts
+PROM_RULES = yaml.safe_load((Path(__file__).resolve().parents[2] / "exporters" / "prometheus" / "alerts.yml")
+                            .read_text())["groups"]
+RECORDED = {r["record"] for g in PROM_RULES for r in g["rules"] if "record" in r}
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
             "offset", "inf", "nan"}
 
@@ -142,6 +149,19 @@ def test_fusion_panel_shows_both_fusion_alerts() -> None:
     assert "precision-fusion-dumps" in d and "fusion=\"off\"" in d and "fusion_switch.cfg" in d
 
 
+def test_hardware_panels_use_the_shipped_rules() -> None:
+    """The suspect-host panels read what alerts.yml records and alerts: no name of their own."""
+    by_title = {p["title"]: p for p in _panels(_dashboard())}
+    alerts = {r["alert"] for g in PROM_RULES for r in g["rules"] if "alert" in r}
+    used = set()
+    for title in ("Suspect hosts", "NaN origins by host (3 days)", "Hardware evidence (10m)"):
+        for t in by_title[title]["targets"]:
+            used |= metric_names(t["expr"])
+            for name in re.findall(r'alertname="(\w+)"', t["expr"]):
+                assert name in alerts, (title, name)
+    assert used and used <= RECORDED | {"ALERTS"}, used - RECORDED
+
+
 def test_dashboard_is_package_data() -> None:
     shipped = resources.files("precision_agent.exporters").joinpath("grafana/precision-agent.json")
     assert json.loads(shipped.read_text(encoding="utf-8")) == _dashboard()
@@ -232,7 +252,7 @@ def test_every_metric_is_exported_by_the_agent(live: Live) -> None:
                      for s in fam.samples}
     used = {name for _, expr in _queries(_dashboard()) for name in metric_names(expr)}
     assert {n for n in used if n.startswith("precision_agent_")}, used
-    missing = used - exported - PROMETHEUS_SYNTHETIC
+    missing = used - exported - PROMETHEUS_SYNTHETIC - RECORDED - {"ALERTS"}
     assert not missing, f"the dashboard uses metrics the agent does not export: {sorted(missing)}"
 
 

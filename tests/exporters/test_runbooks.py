@@ -115,7 +115,7 @@ def test_every_prometheus_alert_links_a_file_under_one_base() -> None:
         url = r["annotations"]["runbook_url"]
         assert url == f"{base}/{r['alert']}.md", url
         assert (RUNBOOKS / f"{r['alert']}.md").is_file(), url
-    text = (PROM_DIR / "alerts.yml").read_text() + (PROM_DIR / "alerts_test.yml").read_text()
+    text = "".join((PROM_DIR / n).read_text() for n in ("alerts.yml", "alerts_test.yml", "alerts_hosts_test.yml"))
     urls = re.findall(r"runbook_url: \"([^\"]+)\"", text)
     assert urls and all(u.startswith(base + "/") for u in urls), urls
 
