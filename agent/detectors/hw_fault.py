@@ -38,6 +38,9 @@ class HwFaultDetector(Detector[HwFaultParams]):
         labels = make_labels(dict(sample.labels), device=device, code=str(code))
         message = f"device {device} {vendor} {code}: {sample.attr('meaning', '')} ({cls})"
         evidence = {k: v for k, v in sample.attrs}
+        # vendor-neutral words for the rule's text: "GPU ... Xid 79", "NPU ... fault 0x80E01801"
+        evidence["device_kind"] = "GPU" if sample.attr("vendor") == "nvidia" else "NPU" if sample.attr("vendor") == "ascend" else "device"
+        evidence["fault_name"] = f"{vendor} {code}"
         if sample.log_time is not None:
             evidence["log_time"] = sample.log_time
         return Hit(labels, message, float(code) if isinstance(code, int) else None, None, sample.source, evidence)
