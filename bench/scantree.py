@@ -6,7 +6,7 @@
 (one file after the other) is measured beside them, and the two designs a parallel scan can take
 are measured in this process, without start-up: ``scan_dump(jobs=N)`` (threads, what ``--jobs``
 runs) and a pool of N forked processes each scanning one rank's folder (start-up and pickling
-included). Every measurement is taken with the files in the page cache (a dump just written is;
+included); and the numpy kernels (the fallback without a compiler) with N threads and with one. Every measurement is taken with the files in the page cache (a dump just written is;
 the scan drops the pages it read, so each run is preceded by an untimed read of the tree), best
 of ``repeat``, all of them interleaved round by round. Start-up (the command scanning one tiny
 file; N processes importing numpy) is measured in the same rounds, and the ratios are given both
@@ -115,6 +115,7 @@ def _timed(fns: dict[str, Callable[[], Any]], paths: list[Path], repeat: int,
 
 def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = None,
         repeat: int = 3) -> dict[str, Any]:
+    from precision_agent import kernels
     from precision_agent.dumps.scan import scan_dump
     n = jobs or min(8, len(os.sched_getaffinity(0)))
     cli = [sys.executable, "-m", "precision_agent", "scan", "--json"]
@@ -132,6 +133,10 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
 
         folders = [str(root / f"rank{r}") for r in range(ranks)]
 
+        def numpy_kernels(j: int) -> None:   # the fallback where no compiler was at install
+            with kernels.forced("numpy"):
+                scan_dump(root, drop_cache=False, jobs=j)
+
         def forked() -> None:
             with ProcessPoolExecutor(n, mp_context=get_context("fork")) as ex:
                 list(ex.map(_scan_rank, folders))
@@ -143,6 +148,8 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
             "threads_inproc": lambda: scan_dump(root, drop_cache=False, jobs=n),
             "procs_inproc": forked,
             "threads1_inproc": lambda: scan_dump(root, drop_cache=False, jobs=1),
+            "numpy_kernels_inproc": lambda: numpy_kernels(n),
+            "numpy_kernels1_inproc": lambda: numpy_kernels(1),
             "cli_startup": lambda: _procs([[*cli, "--jobs", "1", str(tiny)]]),
             "numpy_startup": lambda: _procs([[sys.executable, "-c", _IMPORT] for _ in range(n)]),
         }
@@ -157,6 +164,10 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
 
     def net_ratio(scan_s: float) -> float | None:   # None where start-up swamps the work (a tiny tree)
         return np_net / scan_s if scan_s > 0 and np_net > 0 else None
+
+    def cpu_ratio(scan_cpu: float) -> float | None:
+        work, np_work = scan_cpu - cpu["cli_startup"], cpu["numpy_procs"] - cpu["numpy_startup"]
+        return np_work / work if work > 0 and np_work > 0 else None
     return {
         "bench": "scantree", "date": common.now_iso(), "host": common.host_info(),
         "params": {"ranks": ranks, "files": files, "file_mib": file_mib, "bytes": nbytes, "jobs": n,
@@ -167,15 +178,21 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
         # CPU time / wall time of the best run: above 1 means more than one core was used at once
         "cores_used": {k: cpu[k] / wall[k] for k in wall},
         "gb_per_s": {k: nbytes / wall[k] / 1e9 for k in ("cli_jobs1", "cli_jobsN", "numpy_procs",
-                                                         "threads_inproc", "procs_inproc", "threads1_inproc")},
+                                                         "threads_inproc", "procs_inproc", "threads1_inproc",
+                                                         "numpy_kernels_inproc", "numpy_kernels1_inproc")},
         "ratios": {
             "jobsN_to_numpy": wall["numpy_procs"] / wall["cli_jobsN"],
             "jobs1_to_numpy": wall["numpy_procs"] / wall["cli_jobs1"],
             "jobsN_to_numpy_net": net_ratio(net["cli_jobsN"]),
             "jobs1_to_numpy_net": net_ratio(net["cli_jobs1"]),
+            # CPU time (all processes, all threads), net of start-up's: the work each does, whatever
+            # else runs on the host (a saturated one cannot show the wall-time gain of a second core)
+            "jobsN_to_numpy_cpu_net": cpu_ratio(cpu["cli_jobsN"]),
+            "jobs1_to_numpy_cpu_net": cpu_ratio(cpu["cli_jobs1"]),
             "jobsN_speedup": wall["cli_jobs1"] / wall["cli_jobsN"],
             "threads_to_procs_inproc": wall["procs_inproc"] / wall["threads_inproc"],
             "threads_speedup_inproc": wall["threads1_inproc"] / wall["threads_inproc"],
+            "numpy_kernels_speedup_inproc": wall["numpy_kernels1_inproc"] / wall["numpy_kernels_inproc"],
         },
         "output_same_for_jobs1_and_N": same, "exit_status": codes.get(n),
         "tensors": len(result.get("tensors") or ()), "errors": len(result.get("errors") or ()),
@@ -197,11 +214,16 @@ def report(res: dict[str, Any]) -> str:
         f"  scan --jobs {p['jobs']} / {p['jobs']} numpy processes, net of start-up: {f(v)} "
         f"(goal >= {goal}: {'within goal' if v is not None and v >= goal else 'BELOW GOAL'}); "
         f"gross {r['jobsN_to_numpy']:.3f}; --jobs 1: net {f(r['jobs1_to_numpy_net'])}, gross {r['jobs1_to_numpy']:.3f}",
+        f"  by CPU time net of start-up (the work, whatever else runs): --jobs {p['jobs']} "
+        f"{f(r['jobsN_to_numpy_cpu_net'])}, --jobs 1 {f(r['jobs1_to_numpy_cpu_net'])}",
         f"  --jobs {p['jobs']} vs --jobs 1: {r['jobsN_speedup']:.2f}x; cores used (CPU/wall): --jobs {p['jobs']} "
         f"{c['cli_jobsN']:.2f}, --jobs 1 {c['cli_jobs1']:.2f}, numpy {c['numpy_procs']:.2f}",
         f"  in-process, no start-up: {p['jobs']} threads {w['threads_inproc']:.2f} s ({c['threads_inproc']:.2f} cores), "
         f"{p['jobs']} forked processes {w['procs_inproc']:.2f} s, 1 thread {w['threads1_inproc']:.2f} s: "
         f"threads/processes speed {r['threads_to_procs_inproc']:.2f}x",
+        f"  numpy kernels (the fallback), in-process: {p['jobs']} threads {w['numpy_kernels_inproc']:.2f} s "
+        f"({c['numpy_kernels_inproc']:.2f} cores), 1 thread {w['numpy_kernels1_inproc']:.2f} s: "
+        f"{r['numpy_kernels_speedup_inproc']:.2f}x",
         f"  output of --jobs 1 and --jobs {p['jobs']} identical: {res['output_same_for_jobs1_and_N']} "
         f"(exit {res['exit_status']}, {res['tensors']} tensors, {res['errors']} unreadable)",
     ])

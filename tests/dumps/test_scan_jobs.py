@@ -81,6 +81,14 @@ def test_jobs_give_bit_identical_results_in_the_same_order(tree):
         assert _result_json(r) == _result_json(one), jobs
 
 
+def test_jobs_give_the_same_bits_with_the_numpy_kernels(tree):
+    from precision_agent import kernels
+    with kernels.forced("numpy"):
+        one = scan_dump(tree / "npy", jobs=1)
+        assert _result_json(scan_dump(tree / "npy", jobs=3)) == _result_json(one)
+    assert len(one["tensors"]) >= 8
+
+
 def test_jobs_with_threads_per_tensor_and_one_step(tree):
     base = scan_dump(tree, threads=3, jobs=1)
     assert _result_json(scan_dump(tree, threads=3, jobs=4)) == _result_json(base)
