@@ -235,3 +235,36 @@ print(json.dumps(seen))
         assert nice >= 10
         if _ioprio_class() is not None and "could not set idle I/O" not in p.stderr:
             assert cls == 3   # IOPRIO_CLASS_IDLE
+
+
+# Starts a command and prints its peak RSS (wait4's ru_maxrss): a child forked from this small
+# launcher, not from pytest, whose own high-water mark Linux would carry into the child's
+_LAUNCH = r"""
+import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+_, status, usage = os.wait4(p.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
+"""
+
+
+def _peak_rss(*args) -> tuple[int, int]:
+    p = subprocess.run([sys.executable, "-c", _LAUNCH, sys.executable, "-m", "precision_agent", "scan", "--json",
+                        *map(str, args)], capture_output=True, text=True, timeout=600)
+    code, rss = map(int, p.stdout.split())
+    return code, rss
+
+
+def test_peak_rss_grows_by_the_jobs_buffers_not_the_files(tmp_path):
+    """Four 64 MiB files: --jobs 4 holds four read buffers more than --jobs 1, never the files."""
+    n = 64 << 18   # 64 MiB of float32
+    for i in range(4):
+        mm = np.lib.format.open_memmap(tmp_path / f"t{i}.npy", mode="w+", dtype=np.float32, shape=(n,))
+        mm[::4096] = i + 1
+        mm.flush()
+        del mm
+    code1, one = _peak_rss("--jobs", "1", tmp_path)
+    code4, four = _peak_rss("--jobs", "4", tmp_path)
+    assert code1 == code4 == 0
+    mb = 1 << 20
+    assert four - one < 4 * 4 * mb + 24 * mb, (one / mb, four / mb)   # 4 x CHUNK_BYTES, thread stacks, slack
+    assert four < 200 * mb, four / mb                                  # the tree is 256 MiB
