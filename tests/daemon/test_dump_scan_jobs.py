@@ -85,3 +85,53 @@ def test_scheduler_runs_its_jobs_under_its_guard(tmp_path):
         sched.stop()
     assert r.error is None and len(r.result["tensors"]) == 5 and r.files_read == 5
     assert "dump-scan" in entered and {n for n in entered if n.startswith("scan-job-")}
+
+
+# a read stuck in the kernel (a hung network mount), on one job: no progress while HANG exists
+_STUCK = """
+import os, time
+import precision_agent.dumps.scan as scan
+_real = scan.statistics
+def statistics(t, *args, **kwargs):
+    if os.path.basename(t.path) == "b.npy":
+        while os.path.exists(os.path.join(os.path.dirname(t.path), "HANG")):
+            time.sleep(0.05)
+    return _real(t, *args, **kwargs)
+scan.statistics = statistics
+"""
+
+
+def test_a_job_stuck_on_one_file_is_seen_and_other_trees_go_on(tmp_path):
+    """With 2 jobs, the other job finishes its files, then the scan thread waits for the stuck one:
+    its heartbeat stops, the worker counts as stalled, a fresh scan thread takes the other trees."""
+    import os
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_STUCK)
+    dumps, state = tmp_path / "dumps", tmp_path / "state"
+    dumps.mkdir()
+    cfg = tmp_path / "agent.yml"
+    cfg.write_text("dump_settle: 0.3s\nlimits:\n  scan_jobs: 2\n  worker_stall_timeout: 1s\n")
+    agent = AgentProcess(tmp_path / "nolog", state, "--config", str(cfg), "--watch", f"dump:{dumps}")
+    agent.start({"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])})
+    try:
+        stuck = dumps / "stuck"
+        stuck.mkdir()
+        (stuck / "HANG").write_text("")
+        for name in ("a.npy", "b.npy", "c.npy", "d.npy"):
+            np.save(stuck / name, np.zeros(8, np.float32))
+        wait_for(lambda: not agent.ready(), 30, what="/-/ready 503 while a job is stuck")
+        wait_for(lambda: agent.metric("precision_agent_worker_stalled", worker="dump-scan") == 1, 30,
+                 what="the scan worker counted as stalled")
+        other = dumps / "other"
+        other.mkdir()
+        np.save(other / "y.npy", np.array([1.0, np.nan], np.float32))
+        wait_for(lambda: agent.metric("precision_agent_alerts", alertname="DumpNonFinite", alertstate="firing"),
+                 timeout=30, what="DumpNonFinite from another tree")
+        (stuck / "HANG").unlink()
+        wait_for(agent.ready, 30, what="ready again once the stuck job moved on")
+        wait_for(lambda: agent.metric("precision_agent_worker_stalled", worker="dump-scan") == 0, 30,
+                 what="the scan worker no longer stalled")
+    finally:
+        rc = agent.stop(timeout=20)
+    assert rc == 0
