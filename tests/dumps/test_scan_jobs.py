@@ -97,25 +97,27 @@ def test_jobs_with_threads_per_tensor_and_one_step(tree):
     assert _result_json(scan_dump(tree, step=1, jobs=3)) == _result_json(step)
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "precision_agent", "scan", *map(str, args)],
-                          capture_output=True, text=True, timeout=300)
+def _cli(*runs):
+    """Each run of the command (a tuple of arguments), all started at once: (exit status, stdout, stderr)."""
+    procs = [subprocess.Popen([sys.executable, "-m", "precision_agent", "scan", *map(str, args)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for args in runs]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        out.append((p.returncode, stdout, stderr))
+    return out
 
 
 def test_cli_output_and_exit_status_do_not_depend_on_jobs(tree):
-    runs = {j: _cli("--json", "--jobs", j, tree) for j in (1, 2, 4)}
-    assert runs[1].returncode in (1, 2)     # NaN pages (1), or unreadable files (2): never a silent 0
-    assert json.loads(runs[1].stdout)["findings"]
-    for j in (2, 4):
-        assert runs[j].returncode == runs[1].returncode
-        assert runs[j].stdout == runs[1].stdout
-    text = {j: _cli("-j", j, tree) for j in (1, 4)}
-    assert text[1].stdout == text[4].stdout and text[1].returncode == text[4].returncode
-    assert "unreadable:" in text[1].stdout
-    default = _cli("--json", tree)          # the default (the CPUs allowed) says the same
-    assert default.stdout == runs[1].stdout and default.returncode == runs[1].returncode
-    bad = _cli("--jobs", "0", tree)
-    assert bad.returncode == 2 and "--jobs" in bad.stderr
+    j1, j2, j4, t1, t4, default, bad = _cli(("--json", "--jobs", 1, tree), ("--json", "--jobs", 2, tree),
+                                            ("--json", "-j", 4, tree), ("--jobs", 1, tree), ("-j", 4, tree),
+                                            ("--json", tree), ("--jobs", 0, tree))
+    assert j1[0] in (1, 2)                  # NaN pages (1), or unreadable files (2): never a silent 0
+    assert json.loads(j1[1])["findings"]
+    assert j2[:2] == j1[:2] and j4[:2] == j1[:2]
+    assert t4[:2] == t1[:2] and "unreadable:" in t1[1]
+    assert default[:2] == j1[:2]            # the default (the CPUs allowed) says the same
+    assert bad[0] == 2 and "--jobs" in bad[2]
 
 
 @pytest.mark.corpus
