@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable
@@ -133,6 +133,10 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
 
         folders = [str(root / f"rank{r}") for r in range(ranks)]
 
+        def numpy_threads() -> None:   # N numpy sums at once in this process: the reference without start-up
+            with ThreadPoolExecutor(n) as ex:
+                list(ex.map(lambda f: np.load(f, mmap_mode="r").sum(), paths))
+
         def numpy_kernels(j: int) -> None:   # the fallback where no compiler was at install
             with kernels.forced("numpy"):
                 scan_dump(root, drop_cache=False, jobs=j)
@@ -146,6 +150,7 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
             "cli_jobsN": lambda: command(n),
             "numpy_procs": lambda: _procs([[sys.executable, "-c", _SUM, *map(str, paths[k::n])] for k in range(n)]),
             "threads_inproc": lambda: scan_dump(root, drop_cache=False, jobs=n),
+            "numpy_threads_inproc": numpy_threads,
             "procs_inproc": forked,
             "threads1_inproc": lambda: scan_dump(root, drop_cache=False, jobs=1),
             "numpy_kernels_inproc": lambda: numpy_kernels(n),
@@ -178,7 +183,7 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
         # CPU time / wall time of the best run: above 1 means more than one core was used at once
         "cores_used": {k: cpu[k] / wall[k] for k in wall},
         "gb_per_s": {k: nbytes / wall[k] / 1e9 for k in ("cli_jobs1", "cli_jobsN", "numpy_procs",
-                                                         "threads_inproc", "procs_inproc", "threads1_inproc",
+                                                         "threads_inproc", "procs_inproc", "threads1_inproc", "numpy_threads_inproc",
                                                          "numpy_kernels_inproc", "numpy_kernels1_inproc")},
         "ratios": {
             "jobsN_to_numpy": wall["numpy_procs"] / wall["cli_jobsN"],
@@ -190,6 +195,9 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
             "jobsN_to_numpy_cpu_net": cpu_ratio(cpu["cli_jobsN"]),
             "jobs1_to_numpy_cpu_net": cpu_ratio(cpu["cli_jobs1"]),
             "jobsN_speedup": wall["cli_jobs1"] / wall["cli_jobsN"],
+            # scan_dump(jobs=N) vs N numpy sums at once, both in this process: no start-up to subtract
+            "jobsN_to_numpy_inproc": wall["numpy_threads_inproc"] / wall["threads_inproc"],
+            "jobsN_to_numpy_inproc_cpu": cpu["numpy_threads_inproc"] / cpu["threads_inproc"],
             "threads_to_procs_inproc": wall["procs_inproc"] / wall["threads_inproc"],
             "threads_speedup_inproc": wall["threads1_inproc"] / wall["threads_inproc"],
             "numpy_kernels_speedup_inproc": wall["numpy_kernels1_inproc"] / wall["numpy_kernels_inproc"],
@@ -216,6 +224,9 @@ def report(res: dict[str, Any]) -> str:
         f"gross {r['jobsN_to_numpy']:.3f}; --jobs 1: net {f(r['jobs1_to_numpy_net'])}, gross {r['jobs1_to_numpy']:.3f}",
         f"  by CPU time net of start-up (the work, whatever else runs): --jobs {p['jobs']} "
         f"{f(r['jobsN_to_numpy_cpu_net'])}, --jobs 1 {f(r['jobs1_to_numpy_cpu_net'])}",
+        f"  in-process, no start-up: scan_dump(jobs={p['jobs']}) / {p['jobs']} numpy sums at once: "
+        f"{r['jobsN_to_numpy_inproc']:.3f} wall ({w['threads_inproc']:.2f} s vs {w['numpy_threads_inproc']:.2f} s), "
+        f"{r['jobsN_to_numpy_inproc_cpu']:.3f} by CPU time",
         f"  --jobs {p['jobs']} vs --jobs 1: {r['jobsN_speedup']:.2f}x; cores used (CPU/wall): --jobs {p['jobs']} "
         f"{c['cli_jobsN']:.2f}, --jobs 1 {c['cli_jobs1']:.2f}, numpy {c['numpy_procs']:.2f}",
         f"  in-process, no start-up: {p['jobs']} threads {w['threads_inproc']:.2f} s ({c['threads_inproc']:.2f} cores), "
