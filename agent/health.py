@@ -129,6 +129,11 @@ def bind(hb: Heartbeat | None) -> None:
     _local.hb = hb
 
 
+def bound() -> Heartbeat | None:
+    """The heartbeat bound on the calling thread (helpers it starts bind the same one)."""
+    return getattr(_local, "hb", None)
+
+
 def beat() -> None:
     """Progress on the calling thread (a no-op where no heartbeat is bound): deep loops such as
     the scanner's chunk reads call this, so a long but moving scan is not taken for a hang."""

@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="progress bar on stderr (default: when stderr is a terminal)")
     sc.add_argument("--threads", type=_threads, default=1, metavar="N",
                     help="scanner threads per tensor (default 1; the daemon always uses 1)")
+    sc.add_argument("--jobs", "-j", type=_threads, default=None, metavar="N",
+                    help="tensors (files) scanned at once (default: the CPUs this process may use, at most 8; "
+                         "1 scans one after the other); the output is the same for any N")
     sc.add_argument("--graph", metavar="FILE", help="the executed GE graph (ATC JSON or ge_proto_*_Build.txt; "
                     "default: the newest ge_proto_*_Build.txt under PATH), to name the fusion passes of a bad op")
     sc.add_argument("--fusion-report", action="append", metavar="FILE",

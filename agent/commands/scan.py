@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,19 @@ from ..dumps.scan import Progress, scan_dump, with_fusion, with_inf_extremes
 from ..engine.rulefile import RuleSet
 from ..model import json_safe
 from .tools import EXIT_ERRORS as EXIT_CONFIG, exit_status, progress_bar, rules_dirs
+
+
+MAX_DEFAULT_JOBS = 8   # past this a tree scan is bound by memory bandwidth, not by cores
+
+
+def default_jobs() -> int:
+    """``scan --jobs`` unless given: the CPUs this process may use (its affinity, e.g. taskset or a
+    cgroup cpuset), at most :data:`MAX_DEFAULT_JOBS`."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_JOBS, n))
 
 
 def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | None = None,
@@ -44,15 +58,16 @@ def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | No
 
 def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
          labels: dict[str, str] | None = None, progress: Progress | None = None,
-         threads: int = 1, fusion: Any = None) -> dict[str, Any]:
+         threads: int = 1, fusion: Any = None, jobs: int = 1) -> dict[str, Any]:
     """``precision-agent scan``: :func:`scan_dump` plus the findings of ``rules`` (default: the
     shipped rule files), tensors shown as msprobe shows them (:func:`with_inf_extremes`).
-    ``threads``: scanner threads per tensor (the daemon keeps 1). ``fusion``: the compiler's fusion
+    ``threads``: scanner threads per tensor (the daemon keeps 1); ``jobs``: tensors scanned at
+    once (the result is the same for any number). ``fusion``: the compiler's fusion
     report and executed graph (agent/fusion/context.py), to name the passes behind a first bad op."""
     if rules is None:
         from ..engine.rulefile import default_rules_dir, load_rules
         rules = load_rules([default_rules_dir()])
-    r = scan_dump(path, step, progress, threads)
+    r = scan_dump(path, step, progress, threads, jobs=jobs)
     if fusion is not None:
         with_fusion(r, fusion)
     r["findings"] = findings(r, rules, labels)   # judged on the scanner's own statistics
@@ -136,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from ..fusion.context import load_context
     fusion = load_context(args.graph, args.fusion_report, root=path)
     result = scan(path, args.step, rules, progress=progress_bar(args.progress), threads=args.threads,
-                  fusion=fusion)
+                  fusion=fusion, jobs=getattr(args, "jobs", None) or default_jobs())
     if args.json:
         json.dump(json_safe(result), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -132,6 +132,9 @@ class Limits(Strict):
     max_open_files: int = Field(256, ge=4)
     nice: int = Field(10, ge=0, le=19)
     io_idle: bool = True
+    # dump files the daemon's scan thread reads at once (threads, each with nice/idle I/O as the
+    # agent); 1 keeps it to one core, whatever the dump (`scan --jobs` is the one-shot command's)
+    scan_jobs: int = Field(1, ge=1, le=64)
     # a deflated tensor (.npz member, torch.save storage) is inflated into memory (compare,
     # watchpoints) only up to this size; scans stream any size through a bounded buffer
     max_decompressed_bytes: Size = Field(128 << 20, ge=1 << 20)

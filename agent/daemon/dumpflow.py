@@ -49,7 +49,7 @@ class DumpFlow:
         self.config, self.health, self.pipeline, self.store, self.book = config, health, pipeline, store, book
         self.saves = saves
         self.scheduler = DumpScheduler(config.dump_settle, 64, {}, self.after_scan, self.keep_cache,
-                                       lambda msg: health.error("scan", "%s", msg))
+                                       lambda msg: health.error("scan", "%s", msg), config.limits.scan_jobs)
         LIMITS.max_decompressed_bytes = config.limits.max_decompressed_bytes
         self.fusion = FusionPickup(watch_places(self._watch))   # the jobs' fusion reports and graphs
         self.scheduler.fusion = self.fusion.annotate

@@ -21,11 +21,12 @@ import os
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Iterator
 
 import numpy as np
 
-from ..health import beat
+from ..health import beat, bind, bound
 from ..model import TensorStats
 from .cann import dump_dir_location, parse_dump_name
 from .cache import ScanCache
@@ -159,14 +160,66 @@ def first_bad_op(tensors: list[DumpTensor], stats: list[TensorStats],
     return first
 
 
+def _in_order(items: list[Any], fn: Callable[[Any], Any], jobs: int,
+              guard: Callable[[], ContextManager[None]] | None = None) -> Iterator[Any]:
+    """``fn(item)`` for each item, yielded in the items' order, computed by ``jobs`` threads at
+    once (daemon threads: a file stuck in the kernel never holds up the process's exit). Each
+    feeds the caller's heartbeat (agent/health.py: progress, cancellation) and runs under
+    ``guard()`` (the daemon's symlink confinement is per thread). An exception ``fn`` raises comes
+    out at its item's turn; once the caller stops reading, the threads take no new item."""
+    hb = bound()
+    cond = threading.Condition()
+    done: dict[int, tuple[bool, Any]] = {}
+    state = {"next": 0, "stop": False}
+
+    def work() -> None:
+        bind(hb)
+        with guard() if guard is not None else nullcontext():
+            while True:
+                with cond:
+                    i = state["next"]
+                    if state["stop"] or i >= len(items):
+                        return
+                    state["next"] = i + 1
+                try:
+                    out: tuple[bool, Any] = (True, fn(items[i]))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+                    out = (False, exc)
+                with cond:
+                    done[i] = out
+                    cond.notify_all()
+
+    for k in range(min(jobs, len(items))):
+        threading.Thread(target=work, name=f"scan-job-{k}", daemon=True).start()
+    try:
+        for i in range(len(items)):
+            with cond:
+                while i not in done:
+                    cond.wait()
+                ok, value = done.pop(i)
+            if not ok:
+                raise value
+            yield value
+    finally:
+        with cond:
+            state["stop"] = True
+
+
 def scan_dump(path: Path, step: int | None = None, progress: Progress | None = None,
               threads: int = 1, drop_cache: bool = True, files: Walk | None = None,
-              cache: ScanCache | None = None) -> dict[str, Any]:
+              cache: ScanCache | None = None, jobs: int = 1,
+              guard: Callable[[], ContextManager[None]] | None = None) -> dict[str, Any]:
     """Statistics, first bad op, overflows and unreadable files of one tree (no findings).
     ``progress(bytes done, bytes in all, tensors done, tensors in all)``; ``drop_cache=False``
     keeps the pages read in the page cache (a comparison reads them next). ``files``: the files
     that make the tree (default: every file under ``path``; the daemon gives a directory's own,
-    agent/dumps/schedule.py); ``cache``: unchanged files answered from it (agent/dumps/cache.py)."""
+    agent/dumps/schedule.py); ``cache``: unchanged files answered from it (agent/dumps/cache.py).
+
+    ``jobs``: tensors scanned at once, each by its own thread (``threads`` more per tensor): the
+    kernels and the reads release the GIL. The result is the same for any ``jobs`` (the same
+    statistics bit for bit, in the same order); what it adds to memory is one read buffer per
+    job and thread (agent/dumps/windows.py CHUNK_BYTES; README "scan --jobs N"). ``guard``:
+    entered by each job's thread."""
     w = walk(path) if files is None else files
     if cache is not None:
         cache.begin()
@@ -180,33 +233,47 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
     kept: list[DumpTensor] = []
     stats: list[TensorStats] = []
     total = sum(tensor_bytes(t) for t in tensors)
-    done = 0
-    for i, t in enumerate(tensors):
-        before = done
+    lock = threading.Lock()
+    done, finished, counted = 0, 0, [0] * len(tensors)   # bytes read in all, tensors done, bytes per tensor
 
-        def on_bytes(n: int, i: int = i) -> None:
-            nonlocal done
+    def on_bytes(i: int, n: int) -> None:
+        nonlocal done
+        with lock:
             done += n
+            counted[i] += n
             if progress is not None:
-                progress(min(done, total), total, i, len(tensors))
-        known = cache.stats(t) if cache is not None else None
+                progress(min(done, total), total, finished, len(tensors))
+
+    # the cache is the caller's alone (no lock): asked here, filled below, in the tensors' order
+    known = [cache.stats(t) if cache is not None else None for t in tensors]
+
+    def one(i: int) -> TensorStats | str:
+        if known[i] is not None:
+            return known[i]   # type: ignore[return-value]
         try:
-            if isinstance(known, str):
-                raise DumpError(known)
-            s = known or statistics(t, threads, on_bytes if progress is not None else None, drop_cache)
-            if known is None and cache is not None:
-                cache.put_stats(t, s)
+            return statistics(tensors[i], threads, (lambda n: on_bytes(i, n)) if progress is not None else None,
+                              drop_cache)
+        except (DumpError, TypeError, ValueError, OSError) as exc:
+            return str(exc)   # the reason only: a traceback would hold the tensor's frames (its data)
+
+    order = range(len(tensors))
+    outcomes = (map(one, order) if jobs <= 1 or sum(k is None for k in known) <= 1
+                else _in_order(list(order), one, jobs, guard))
+    for i, (t, s) in enumerate(zip(tensors, outcomes)):
+        if isinstance(s, str):
+            errors.append((t.path or t.name, s))
+            unreadable.append((t, s))
+        else:
             stats.append(replace(s, step=t.step, rank=t.rank, path=t.path))
             kept.append(t)
-        except (DumpError, TypeError, ValueError, OSError) as exc:
-            errors.append((t.path or t.name, str(exc)))
-            unreadable.append((t, str(exc)))
-            if known is None and cache is not None:
-                cache.put_stats(t, str(exc))
-        done = before + tensor_bytes(t)
+        if known[i] is None and cache is not None:
+            cache.put_stats(t, s)
+        with lock:
+            done += tensor_bytes(t) - counted[i]   # what the pass read, as counted before it
+            counted[i], finished = tensor_bytes(t), i + 1
         beat()
         if progress is not None:
-            progress(done, total, i + 1, len(tensors))
+            progress(min(done, total), total, i + 1, len(tensors))
     layouts = sorted({t.extra.get("layout", layout) for t in tensors}) if layout == "mixed" else [layout]
     first = first_bad_op(kept, stats, unreadable)
     op = first["op"] if first else (found[0]["op"] if found else None)

@@ -8,7 +8,9 @@ A unit is one directory's own files (:func:`unit_files`; a sub-folder is a unit 
 each file is scanned in one unit under one name; a rescan reads only the files that changed
 (agent/dumps/cache.py), so a flat root that grows at every step is not re-read whole each time.
 Scans run one at a time on their own thread, fed by a bounded queue; results come back through
-an inbox the main worker drains, so the pipeline keeps a single owner.
+an inbox the main worker drains, so the pipeline keeps a single owner. Within a scan, up to
+``jobs`` files are read at once (``limits.scan_jobs``, default 1), by threads the scan thread
+starts: they inherit its nice value and idle I/O class and feed its heartbeat.
 
 The scan thread has a heartbeat (agent/health.py), fed as it reads (per chunk, per tensor). A
 scan that makes no progress for the stall timeout (a file stuck in the kernel: a hung network
@@ -147,8 +149,9 @@ class DumpScheduler:
 
     def __init__(self, settle: float, queue_size: int, scanned: dict[str, tuple[int, int, int]],
                  after_scan: AfterScanFn | None = None, keep_cache: KeepCache | None = None,
-                 on_stall: Callable[[str], None] | None = None) -> None:
+                 on_stall: Callable[[str], None] | None = None, jobs: int = 1) -> None:
         self.settle = settle
+        self.jobs = jobs                # files of a unit read at once (limits.scan_jobs)
         self.keep_cache = keep_cache    # unit -> keep its pages in the page cache (a comparison reads them)
         self.on_stall = on_stall        # called once per stuck scan, with a message
         self.scanned = scanned                       # unit -> signature already scanned
@@ -292,7 +295,8 @@ class DumpScheduler:
             keep = self.keep_cache is not None and self.keep_cache(unit)
             cache = self.cache   # a thread left stuck keeps this one: check_stalled gives the next its own
             files = unit_files(unit)
-            result = scan_dump(Path(unit), drop_cache=not keep, files=files, cache=cache)
+            result = scan_dump(Path(unit), drop_cache=not keep, files=files, cache=cache, jobs=self.jobs,
+                               guard=self.guard)
             if self.fusion is not None:
                 self.fusion(unit, result)
             fresh = {(e["path"], e["reason"]): cache.identity(e["path"]) for e in result["errors"]

@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:  # bench/ is a top-level package of the repo, not 
     sys.path.insert(0, str(ROOT))
 
 from bench import common, compare, fuzz, idle, latency, parse, scan  # noqa: E402
+from bench import scantree  # noqa: E402
 
 if not Path("/proc/self/stat").exists():  # pragma: no cover - the agent targets Linux hosts
     pytest.skip("the benches read /proc", allow_module_level=True)
@@ -124,3 +125,17 @@ def test_fuzz_bench_counts_cases_and_failures(tmp_path):
     assert res["bench"] == "fuzz" and res["params"]["targets"] == ["log_lines", "protobuf", "config", "http"]
     assert res["cases"] == sum(r["cases"] for r in res["targets"].values()) > 0
     assert res["failures"] == 0 and res["cases_per_s"] > 0
+
+
+def test_scantree_quick_writes_result(tmp_path, capsys):
+    assert scantree.main(["--quick", "--jobs", "2", "--results-dir", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "scantree.json").read_text())
+    assert res["bench"] == "scantree" and res["params"]["jobs"] == 2
+    assert res["params"]["bytes"] == 2 * 2 * 2 * (1 << 20)
+    assert all(math.isfinite(v) and v > 0 for v in res["wall_s"].values())
+    r, w = res["ratios"], res["wall_s"]
+    assert r["jobsN_to_numpy"] == pytest.approx(w["numpy_procs"] / w["cli_jobsN"])
+    # the command scanned every file, found the NaN the tree holds, and said the same for any N
+    assert res["output_same_for_jobs1_and_N"] is True
+    assert res["tensors"] == 4 and res["errors"] == 0 and res["exit_status"] == 1
+    assert "numpy processes" in capsys.readouterr().out
