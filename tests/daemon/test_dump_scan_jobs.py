@@ -49,6 +49,7 @@ def _run_daemon(tmp_path, jobs: int) -> tuple[dict, float, float]:
         assert agent.stop() == 0
         evidence = json.loads(json.dumps(alert["evidence"]["evidence"]).replace(str(base), "BASE"))
         evidence.pop("written")   # when the writer wrote the dump: another moment in each run
+        evidence["suspect_evidence"].pop("judged_at")   # when the suspect verdict was made: likewise
         return evidence, unreadable, scanned
     finally:
         agent.kill()

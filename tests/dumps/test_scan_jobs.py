@@ -8,6 +8,7 @@ import ctypes
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -104,7 +105,8 @@ def _cli(*runs):
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=300)
-        out.append((p.returncode, stdout, stderr))
+        # the suspect verdict (agent/engine/suspect.py) says when it judged: the one clock in the output
+        out.append((p.returncode, re.sub(r'"judged_at": [0-9.e+]+', '"judged_at": 0', stdout), stderr))
     return out
 
 
