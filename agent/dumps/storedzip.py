@@ -42,6 +42,14 @@ class Member(NamedTuple):
     extract_version: int
     extra: bytes
 
+    @property
+    def filename(self) -> str:
+        return self.name
+
+    @property
+    def file_size(self) -> int:
+        return self.size
+
     def zipinfo(self) -> zipfile.ZipInfo:
         """The member as zipfile describes it (the fields the readers use)."""
         info = zipfile.ZipInfo(self.name)
@@ -149,7 +157,7 @@ def read_stored_zip(fd: int, *, max_members: int, max_uncompressed: int) -> Stor
         raw, extra = cd[p:p + nlen], cd[p + nlen:p + nlen + xlen]
         pos = p + nlen + xlen
         name = _name(raw, flags)
-        if len(raw) != nlen or len(extra) != xlen or name is None or "\x00" in name or not _plain_extra(extra):
+        if len(raw) != nlen or len(extra) != xlen or name is None or "\x00" in name or (xlen and not _plain_extra(extra)):
             return None
         z.members[name] = Member(name, header_offset, usize, crc, flags, extract_version, extra)
         spans.append((header_offset, header_offset + _LOCAL.size + nlen + usize))   # end with no local extra

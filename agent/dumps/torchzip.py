@@ -132,15 +132,30 @@ class _Unpickler(pickle.Unpickler):
 
 def unpickle_tensor(data: bytes, what: str = "data.pkl") -> TensorRef:
     try:
-        obj = _Unpickler(io.BytesIO(data)).load()
+        return _known(data) if len(data) <= 4096 else _unpickle(data)   # the cache holds small ones only
     except DumpError as exc:
         raise DumpError(f"{what}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=512)
+def _known(data: bytes) -> TensorRef:
+    """The description of ``data`` (immutable, so shared): the tensors of a dump repeat a few
+    shapes, and the same pickle bytes describe the same view; unpickling is ~half of a small
+    tensor's read."""
+    return _unpickle(data)
+
+
+def _unpickle(data: bytes) -> TensorRef:
+    try:
+        obj = _Unpickler(io.BytesIO(data)).load()
+    except DumpError:
+        raise
     except RecursionError:
-        raise DumpError(f"{what}: pickle nests too deeply") from None
+        raise DumpError("pickle nests too deeply") from None
     except Exception as exc:  # UnpicklingError, EOFError, TypeError from a stand-in, ...
-        raise DumpError(f"{what}: bad pickle: {type(exc).__name__}: {exc}"[:300]) from None
+        raise DumpError(f"bad pickle: {type(exc).__name__}: {exc}"[:300]) from None
     if not isinstance(obj, TensorRef):
-        raise DumpError(f"{what}: top-level object is {type(obj).__name__}, not a single tensor")
+        raise DumpError(f"top-level object is {type(obj).__name__}, not a single tensor")
     return obj
 
 
