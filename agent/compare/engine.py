@@ -100,7 +100,10 @@ class CompareResult:
 
 
 def _stats_of(t: DumpTensor) -> TensorStats:
-    return t.stats if t.load is None and t.stats is not None else statistics(t)
+    """Given statistics, or one pass over the data. The pass keeps the pages it reads in the page
+    cache (``drop_cache=False``): the comparison has just read them, and dropping them made the
+    next compare of the same trees read the verdict's tensors from disk again."""
+    return t.stats if t.load is None and t.stats is not None else statistics(t, drop_cache=False)
 
 
 def compare_pair(index: int, pair: Pair, preset: str, rerun: bool) -> Row:

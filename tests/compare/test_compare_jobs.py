@@ -1,10 +1,12 @@
 """``compare --jobs N``: pairs compared on N threads give the same rows, in the same order, with
-the same bits in every metric, and the same JSON, text and CSV, as one thread does."""
+the same bits in every metric, and the same JSON, text and CSV, as one thread does; and a
+compare leaves the files it read in the page cache (its next run reads none from disk)."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -100,3 +102,42 @@ def test_the_cli_prints_the_same_for_any_jobs_and_refuses_a_bad_count(tmp_path):
     p = subprocess.run([sys.executable, "-m", "precision_agent", "compare", str(bench), str(target), "--jobs", "0"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--jobs" in p.stderr
+
+
+def _resident_fraction(path: Path) -> float:
+    """The share of ``path``'s pages in the page cache (mincore over a read-only mapping)."""
+    import ctypes
+    import mmap
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ)
+    try:
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        libc = ctypes.CDLL(None, use_errno=True)
+        base = ctypes.c_void_p(np.frombuffer(mm, np.uint8, count=1).ctypes.data)
+        if libc.mincore(base, ctypes.c_size_t(size), vec) != 0:
+            pytest.skip(f"mincore: {os.strerror(ctypes.get_errno())}")
+        return sum(v & 1 for v in vec) / pages
+    finally:
+        mm.close()
+
+
+def test_the_verdicts_extra_pass_keeps_the_compared_files_in_the_page_cache(tmp_path):
+    """The statistics shown for the first diverging op are one more pass over its tensors; it
+    used to drop their pages from the page cache, so every later compare of the same trees read
+    them from disk again."""
+    bench, target = _pair(tmp_path, 12)
+    files = sorted(bench.rglob("*.pt")) + sorted(target.rglob("*.pt"))
+    for f in files:                          # written back (a dirty page cannot be dropped) and cached
+        with f.open("rb+") as fh:
+            os.fsync(fh.fileno())
+        f.read_bytes()
+    p = subprocess.run([sys.executable, "-m", "precision_agent", "compare", str(bench), str(target), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr
+    op = json.loads(p.stdout)["first_diverging_op"]["op"]
+    verdict = [f for f in files if f.name.startswith(op)]
+    assert verdict
+    for f in verdict:
+        assert _resident_fraction(f) == 1.0, f
