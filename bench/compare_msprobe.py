@@ -1,5 +1,7 @@
-"""``compare`` against ``msprobe compare``: wall time, end to end, on one generated msprobe dump
-pair of ~90 MB per side (goal: ours >= 20x faster). Both run as commands, as a user runs them.
+"""``compare`` against ``msprobe compare`` and against ``cat``: wall time, end to end, on one
+generated msprobe dump pair of ~90 MB per side (goals: ours >= 40x faster than msprobe, and <= 3x
+the time ``cat`` needs to read both trees from the page cache). All run as commands, as a user
+runs them, interleaved round by round, best of N.
 
 The pair is written by this script (no torch needed): an L1 tensor dump (``dump.json`` plus one
 ``torch.save``-format ``.pt`` file per tensor) of ten MLP blocks (d=384, hidden 1536, 128 tokens),
@@ -7,8 +9,9 @@ forward only, 251 tensors; the target computes one block's second linear in floa
 have real differences to report and ours must name that op.
 
 msprobe (PyPI ``mindstudio-probe``) is installed only with ``--with-msprobe``, only into a
-throw-away venv of this script's own (``--venv DIR`` keeps and reuses one), with torch from
-``pip install torch==2.13.0``. Never in CI; without the flag only our time is reported.
+throw-away venv of this script's own (``--venv DIR`` keeps and reuses one), with CPU torch from
+``pip install torch==2.13.0`` (a local wheel through ``--find-links /opt/wheels`` where that
+exists). Never in CI; without the flag msprobe is not timed.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import numpy as np
 
 from . import common
 
-GOAL_SPEEDUP = 20.0
+GOAL_SPEEDUP = 40.0     # ours >= 40x faster than msprobe compare
+GOAL_CAT = 3.0          # ours <= 3x the time cat needs to read both trees
+WHEELS = "/opt/wheels"  # a local torch wheel, where the host has one
 MSPROBE = "mindstudio-probe==26.2.0"
 TORCH = "torch==2.13.0"
 D, HIDDEN, TOKENS = 384, 1536, 128
@@ -157,79 +162,112 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _timed(cmd: list[str], repeat: int, ok: tuple[int, ...],
-           env: dict[str, str] | None = None) -> tuple[dict[str, Any], str]:
-    """Best wall time of ``repeat`` runs, and each run's CPU time (user+sys of the child): on a
-    shared host the CPU time is the steadier of the two."""
-    walls: list[float] = []
-    cpus: list[float] = []
-    out = ""
-    for _ in range(repeat):
+class Tool:
+    """One command timed as a user runs it: wall time per run, and the child's CPU time."""
+
+    def __init__(self, name: str, cmd: list[str], ok: tuple[int, ...], env: dict[str, str] | None = None,
+                 keep_stdout: bool = False) -> None:
+        self.name, self.cmd, self.ok, self.env, self.keep = name, cmd, ok, env or _env(), keep_stdout
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+        self.out = ""
+
+    def once(self, record: bool = True) -> None:
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env or _env())
-        walls.append(time.perf_counter() - t)
+        p = subprocess.run(self.cmd, stdout=subprocess.PIPE if self.keep else subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, timeout=1800, env=self.env)
+        wall = time.perf_counter() - t
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
-        if p.returncode not in ok:
-            raise RuntimeError(f"{' '.join(cmd[:4])}... exited {p.returncode}: {p.stderr[-2000:]}")
-        out = p.stdout
-    return {"best_s": min(walls), "walls_s": walls, "best_cpu_s": min(cpus), "cpus_s": cpus}, out
+        if p.returncode not in self.ok:
+            raise RuntimeError(f"{self.name}: {' '.join(self.cmd[:4])}... exited {p.returncode}: "
+                               f"{p.stderr.decode(errors='replace')[-2000:]}")
+        if self.keep:
+            self.out = p.stdout.decode()
+        if record:
+            self.walls.append(wall)
+            self.cpus.append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
+
+    def summary(self) -> dict[str, Any]:
+        return {"best_s": min(self.walls), "walls_s": self.walls, "best_cpu_s": min(self.cpus), "cpus_s": self.cpus}
+
+
+def interleaved(tools: list[Tool], repeat: int) -> None:
+    """One untimed run of each (bytecode and page caches, as a user's second run), then
+    ``repeat`` rounds, each running every tool once: a busy spell of a shared host hits all
+    tools alike, and the best of each is compared."""
+    for t in tools:
+        t.once(record=False)
+    for _ in range(repeat):
+        for t in tools:
+            t.once()
 
 
 def _msprobe_venv(venv: Path) -> tuple[Path, float]:
+    """mindstudio-probe and CPU torch in a venv of their own (never the project's); torch from
+    pip's configured find-links (a local wheel) or the index."""
     t = time.perf_counter()
     exe = venv / "bin" / "msprobe"
     if not exe.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-        subprocess.run(pip + [TORCH], check=True, timeout=1800)
-        subprocess.run(pip + [MSPROBE], check=True, timeout=1800)
+        links = ["--find-links", WHEELS] if os.path.isdir(WHEELS) else []
+        subprocess.run(pip + links + [TORCH], check=True, timeout=1800)
+        subprocess.run(pip + links + [MSPROBE], check=True, timeout=1800)
     return exe, time.perf_counter() - t
 
 
-def run(blocks: int = 10, repeat: int = 3, with_msprobe: bool = False, venv: Path | None = None) -> dict[str, Any]:
+def run(blocks: int = 10, repeat: int = 5, with_msprobe: bool = False, venv: Path | None = None,
+        jobs: int | None = None) -> dict[str, Any]:
     res: dict[str, Any] = {"bench": "compare_msprobe", "date": common.now_iso(), "host": common.host_info(),
-                           "params": {"blocks": blocks, "repeat": repeat, "with_msprobe": with_msprobe,
+                           "load_average": os.getloadavg(),
+                           "params": {"blocks": blocks, "repeat": repeat, "with_msprobe": with_msprobe, "jobs": jobs,
                                       "d": D, "hidden": HIDDEN, "tokens": TOKENS, "drift_block": DRIFT_BLOCK},
-                           "goal": {"speedup": GOAL_SPEEDUP}}
+                           "goal": {"speedup": GOAL_SPEEDUP, "cat_ratio": GOAL_CAT}}
     with tempfile.TemporaryDirectory(prefix="pa-cmp-") as tmp:
         tmpd = Path(tmp)
         half = DRIFT_BLOCK if blocks > DRIFT_BLOCK else 0
         nbytes = write_dump(tmpd / "bench", blocks, None)
         write_dump(tmpd / "target", blocks, half)
-        on_disk = sum(f.stat().st_size for f in (tmpd / "bench").rglob("*") if f.is_file())
+        files = sorted(str(f) for side in ("bench", "target") for f in (tmpd / side).rglob("*") if f.is_file())
+        on_disk = sum(os.path.getsize(f) for f in files) // 2
         res["params"].update(tensor_bytes_per_side=nbytes, bytes_per_side=on_disk,
                              files_per_side=len(list((tmpd / "bench").rglob("*.pt"))))
         ours_cmd = [sys.executable, "-m", "precision_agent", "compare",
                     str(tmpd / "bench" / "step0"), str(tmpd / "target" / "step0"), "--json"]
-        _timed(ours_cmd, 1, ok=(1,))   # untimed: bytecode caches and the page cache, as msprobe's run gets
-        ours, out = _timed(ours_cmd, repeat, ok=(1,))
-        ours_np, _ = _timed(ours_cmd, repeat, ok=(1,), env=_env(PRECISION_AGENT_KERNELS="numpy"))
-        res["ours_numpy_kernels"] = ours_np
-        doc = json.loads(out)
-        res["ours"] = {**ours, "pairs": doc["pairs"], "first_diverging_op": (doc["first_diverging_op"] or {}).get("op"),
-                       "mb_per_s": 2 * on_disk / common.MB / ours["best_s"]}
-        res["ours"]["names_drift_op"] = res["ours"]["first_diverging_op"] == f"Functional.linear.{2 * half + 1}.forward"
+        ours = Tool("ours", ours_cmd + (["--jobs", str(jobs)] if jobs else []), ok=(1,), keep_stdout=True)
+        tools = [ours, Tool("ours_jobs1", ours_cmd + ["--jobs", "1"], ok=(1,)),
+                 Tool("ours_numpy_kernels", ours_cmd + ["--jobs", "1"], ok=(1,), env=_env(PRECISION_AGENT_KERNELS="numpy")),
+                 Tool("cat", ["cat", *files], ok=(0,))]     # both trees, from the page cache
+        outdir = tmpd / "msprobe_out"
         if with_msprobe:
             keep = venv is not None
             vdir = venv or tmpd / "venv"
             exe, setup = _msprobe_venv(vdir)
-            outdir = tmpd / "msprobe_out"
-            cmd = [str(exe), "compare", "-tp", str(tmpd / "target" / "step0"), "-gp",
-                   str(tmpd / "bench" / "step0"), "-o", str(outdir)]
-            _timed(cmd, 1, ok=(0,))   # untimed warm-up, as ours
-            ms, _ = _timed(cmd, repeat, ok=(0,))
+            tools.append(Tool("msprobe", [str(exe), "compare", "-tp", str(tmpd / "target" / "step0"), "-gp",
+                                          str(tmpd / "bench" / "step0"), "-o", str(outdir)], ok=(0,)))
+        interleaved(tools, repeat)
+        for t in tools[1:]:
+            res[t.name] = t.summary()
+        doc = json.loads(ours.out)
+        o = ours.summary()
+        res["ours"] = {**o, "pairs": doc["pairs"], "first_diverging_op": (doc["first_diverging_op"] or {}).get("op"),
+                       "mb_per_s": 2 * on_disk / common.MB / o["best_s"]}
+        res["ours"]["names_drift_op"] = res["ours"]["first_diverging_op"] == f"Functional.linear.{2 * half + 1}.forward"
+        res["ratios"] = {"cat": o["best_s"] / res["cat"]["best_s"]}
+        res["ratios"]["cat_to_goal"] = res["ratios"]["cat"] / GOAL_CAT
+        if with_msprobe:
+            ms = res["msprobe"]
             csvs = sorted(outdir.glob("compare_result_*.csv"))
             rows, errors = _msprobe_rows(csvs[-1]) if csvs else (0, 0)
-            res["msprobe"] = {**ms, "venv_setup_s": setup, "rows": rows, "error_rows": errors,
-                              "mb_per_s": 2 * on_disk / common.MB / ms["best_s"],
-                              "venv_kept": str(vdir) if keep else None}
-            speedup = ms["best_s"] / ours["best_s"]
-            res["ratios"] = {"speedup": speedup, "speedup_to_goal": speedup / GOAL_SPEEDUP,
-                             "cpu_speedup": ms["best_cpu_s"] / ours["best_cpu_s"]}
+            ms.update(venv_setup_s=setup, rows=rows, error_rows=errors,
+                      mb_per_s=2 * on_disk / common.MB / ms["best_s"], venv_kept=str(vdir) if keep else None)
+            speedup = ms["best_s"] / o["best_s"]
+            res["ratios"].update(speedup=speedup, speedup_to_goal=speedup / GOAL_SPEEDUP,
+                                 cpu_speedup=ms["best_cpu_s"] / o["best_cpu_s"])
             if not keep:
                 shutil.rmtree(vdir, ignore_errors=True)
+    res["load_average_after"] = os.getloadavg()
     return res
 
 
@@ -241,32 +279,37 @@ def _msprobe_rows(path: Path) -> tuple[int, int]:
 
 
 def report(res: dict[str, Any]) -> str:
-    p, o = res["params"], res["ours"]
+    p, o, r = res["params"], res["ours"], res["ratios"]
+    la = ", ".join(f"{x:.1f}" for x in res["load_average"])
     lines = [f"compare_msprobe: {p['bytes_per_side'] / common.MB:.1f} MB per side, {p['files_per_side']} .pt files, "
-             f"best of {p['repeat']}",
-             f"  ours (precision-agent compare, CLI): {o['best_s']:.2f} s wall, {o['best_cpu_s']:.2f} s CPU "
-             f"({o['mb_per_s']:.0f} MB/s), "
+             f"interleaved best of {p['repeat']}, {res['host']['cpus_allowed']} CPUs, load average {la}",
+             f"  ours (precision-agent compare --json{' --jobs ' + str(p['jobs']) if p['jobs'] else ''}): "
+             f"{o['best_s']:.3f} s wall, {o['best_cpu_s']:.3f} s CPU ({o['mb_per_s']:.0f} MB/s), "
              f"{o['pairs']} pairs, first diverging op {o['first_diverging_op']} "
              f"({'the planted one' if o['names_drift_op'] else 'NOT the planted one'})"]
-    if "ours_numpy_kernels" in res:
-        n = res["ours_numpy_kernels"]
-        lines.append(f"  ours with PRECISION_AGENT_KERNELS=numpy: {n['best_s']:.2f} s wall, {n['best_cpu_s']:.2f} s CPU")
+    for key, label in (("ours_jobs1", "ours --jobs 1"), ("ours_numpy_kernels", "ours --jobs 1, PRECISION_AGENT_KERNELS=numpy"),
+                       ("cat", "cat of both trees (page cache)")):
+        t = res[key]
+        lines.append(f"  {label}: {t['best_s']:.3f} s wall, {t['best_cpu_s']:.3f} s CPU")
+    lines.append(f"  ours / cat: {r['cat']:.1f}x (goal <= {GOAL_CAT:.0f}x: "
+                 f"{'within goal' if r['cat'] <= GOAL_CAT else 'OVER GOAL'})")
     m = res.get("msprobe")
     if m is None:
         lines.append("  msprobe compare: not run (--with-msprobe installs it into a throw-away venv)")
     else:
-        s = res["ratios"]["speedup"]
+        s = r["speedup"]
         lines += [f"  msprobe compare (CLI): {m['best_s']:.2f} s wall, {m['best_cpu_s']:.2f} s CPU "
                   f"({m['mb_per_s']:.0f} MB/s), {m['rows']} rows, "
                   f"{m['error_rows']} 'error' (venv setup {m['venv_setup_s']:.0f} s, not counted)",
                   f"  speedup {s:.1f}x wall (goal >= {GOAL_SPEEDUP:.0f}x: "
-                  f"{'within goal' if s >= GOAL_SPEEDUP else 'BELOW GOAL'}), {res['ratios']['cpu_speedup']:.1f}x CPU"]
+                  f"{'within goal' if s >= GOAL_SPEEDUP else 'BELOW GOAL'}), {r['cpu_speedup']:.1f}x CPU"]
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=None, help="MLP blocks (default 10: ~92 MB per side; quick 2)")
-    p.add_argument("--repeat", type=int, default=None, help="best of N (default 3, quick 1)")
+    p.add_argument("--repeat", type=int, default=None, help="rounds, best of N (default 5, quick 1)")
+    p.add_argument("--jobs", type=int, default=None, help="our --jobs (default: the CLI's, the usable CPUs)")
     p.add_argument("--with-msprobe", action="store_true",
                    help=f"also time msprobe compare ({MSPROBE}, {TORCH} into a throw-away venv)")
     p.add_argument("--venv", type=Path, default=None, help="keep and reuse msprobe's venv here")
@@ -274,8 +317,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     q = args.quick
-    return run(blocks=args.blocks or (2 if q else 10), repeat=args.repeat or (1 if q else 3),
-               with_msprobe=args.with_msprobe, venv=args.venv)
+    return run(blocks=args.blocks or (2 if q else 10), repeat=args.repeat or (1 if q else 5),
+               with_msprobe=args.with_msprobe, venv=args.venv, jobs=args.jobs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "and names the passes of a fused op")
     c.add_argument("--fusion-report", action="append", metavar="FILE",
                    help="fusion_result.json (default: the newest fusion_result*.json in the tree of the graph)")
+    c.add_argument("--jobs", type=_jobs, default=None, metavar="N",
+                   help="pairs compared at once (default: the CPUs this process may use; 1: one thread); "
+                        "the results are the same for any N")
     c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     c.set_defaults(func=run)
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     from ..fusion.context import context_for
     fusion = context_for(args.graph, args.fusion_report, [args.target, args.bench])
     res = compare_sides(target, bench, preset=args.preset, rerun=args.rerun, step=args.step, rank=args.rank,
-                        progress=progress_bar(args.progress, verb="comparing", items="pairs"), fusion=fusion)
+                        progress=progress_bar(args.progress, verb="comparing", items="pairs"), fusion=fusion,
+                        jobs=args.jobs or usable_cpus())
     res.target.errors += [("fusion", e) for e in fusion.errors]
     for w in fusion.warnings:   # a bounded search cut short: a note, not an unreadable file
         print(f"precision-agent: note: {w}", file=sys.stderr)
@@ -90,6 +94,24 @@ def run(args: argparse.Namespace) -> int:
     if res.diverged:
         return EXIT_DIVERGED
     return EXIT_USAGE if res.errors else EXIT_OK
+
+
+def _jobs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as ``taskset``/cgroups cpusets set it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def write_json(doc: dict, fh) -> None:

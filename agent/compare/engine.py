@@ -12,8 +12,11 @@ The daemon calls :func:`compare_sides` with tensors it already discovered; the C
 from __future__ import annotations
 
 import math
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from itertools import islice
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -97,7 +100,10 @@ class CompareResult:
 
 
 def _stats_of(t: DumpTensor) -> TensorStats:
-    return t.stats if t.load is None and t.stats is not None else statistics(t)
+    """Given statistics, or one pass over the data. The pass keeps the pages it reads in the page
+    cache (``drop_cache=False``): the comparison has just read them, and dropping them made the
+    next compare of the same trees read the verdict's tensors from disk again."""
+    return t.stats if t.load is None and t.stats is not None else statistics(t, drop_cache=False)
 
 
 def compare_pair(index: int, pair: Pair, preset: str, rerun: bool) -> Row:
@@ -151,10 +157,12 @@ def _same_bytes(x: np.ndarray, y: np.ndarray) -> bool:
 
 def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: bool = False,
                   step: int | None = None, rank: int | None = None,
-                  progress: Progress | None = None, fusion: Any = None) -> CompareResult:
+                  progress: Progress | None = None, fusion: Any = None, jobs: int = 1) -> CompareResult:
     """Pair, compare and judge two already-read sides. ``fusion``: the executed graph and fusion
     report (FusionContext) of either run: names the passes of a fused op, and pairs a fusion-on
-    graph dump with a fusion-off one (across.py)."""
+    graph dump with a fusion-off one (across.py). ``jobs``: pairs compared at once on that many
+    threads (the kernels release the GIL); the rows, their order and every bit of their
+    metrics are the same for any number (each pair is computed whole by one thread)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
     filter_side(target, step, rank)
@@ -170,8 +178,8 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     n = len(pairing.pairs)
     weights = [tensor_bytes(p.target) + tensor_bytes(p.bench) for p in pairing.pairs] if progress else []
     total, done = sum(weights), 0
-    for i, pair in enumerate(pairing.pairs):
-        res.rows.append(compare_pair(i, pair, preset, rerun))
+    for i, row in enumerate(_rows(pairing.pairs, preset, rerun, jobs)):
+        res.rows.append(row)
         beat()
         if progress is not None:
             done += weights[i]
@@ -191,6 +199,24 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
                                       "tensor": first.tensor, "row": first.index,
                                       **_details(res.rows[first.index])}
     return res
+
+
+def _rows(pairs: list[Pair], preset: str, rerun: bool, jobs: int) -> Iterator[Row]:
+    """The pairs' rows in order, ``jobs`` pairs at a time (one thread: here, no pool)."""
+    if jobs <= 1 or len(pairs) <= 1:
+        yield from (compare_pair(i, p, preset, rerun) for i, p in enumerate(pairs))
+        return
+    with ThreadPoolExecutor(max_workers=min(jobs, len(pairs)), thread_name_prefix="compare") as pool:
+        ahead = deque()   # a bounded window: a slow pair never lets the others pile up
+        it = iter(enumerate(pairs))
+        for i, p in islice(it, 2 * jobs):
+            ahead.append(pool.submit(compare_pair, i, p, preset, rerun))
+        while ahead:
+            row = ahead.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                ahead.append(pool.submit(compare_pair, nxt[0], nxt[1], preset, rerun))
+            yield row
 
 
 def _details(row: Row) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..model import TensorStats
 from .npy import read_npy
-from .torchzip import inspect_pt, load_pt, pt_region
+from .torchzip import inspect_pt, open_pt, pt_region
 from ..safeio import open_regular_file
 from .types import DumpError, DumpTensor, FileRegion, ZipRegion
 
@@ -130,10 +130,10 @@ def _stats_from_item(item: dict, name: str, io: str, index: int, dtype: str,
                        step=step, rank=rank, path=path)
 
 
-def _loader(path: Path, shape: tuple[int, ...]) -> Callable[[], np.ndarray]:
+def _loader(path: str, shape: tuple[int, ...]) -> Callable[[], np.ndarray]:
     def load() -> np.ndarray:
-        if path.suffix == ".pt":
-            arr = load_pt(inspect_pt(path))
+        if path.endswith(".pt"):
+            arr = open_pt(path)
         else:
             arr = read_npy(path).load()  # type: ignore[misc]
         if tuple(arr.shape) != shape:
@@ -142,9 +142,9 @@ def _loader(path: Path, shape: tuple[int, ...]) -> Callable[[], np.ndarray]:
     return load
 
 
-def _region(path: Path, shape: tuple[int, ...]) -> Callable[[], FileRegion | ZipRegion | None]:
+def _region(path: str, shape: tuple[int, ...]) -> Callable[[], FileRegion | ZipRegion | None]:
     def region() -> FileRegion | ZipRegion | None:
-        if path.suffix == ".pt":
+        if path.endswith(".pt"):
             reg = pt_region(inspect_pt(path))
         else:
             reg = read_npy(path).region()  # type: ignore[misc]
@@ -192,7 +192,8 @@ def read_msprobe_rank_dir(rank_dir: str | os.PathLike, *,
     m = _RANK.fullmatch(rank_dir.name)
     rank = int(m.group(1)) if m and m.group(1) else None   # proc<PID>: not a rank
     pid = int(m.group(2)) if m and m.group(2) else None
-    data_dir = rank_dir / "dump_tensor_data"
+    data_dir = os.path.join(rank_dir, "dump_tensor_data")   # strings: a Path per tensor cost more than its read
+    json_path = os.path.join(rank_dir, "dump.json")
     out: list[DumpTensor] = []
     for order, (key, entry) in enumerate(doc["data"].items()):
         if not isinstance(entry, dict):
@@ -200,7 +201,7 @@ def read_msprobe_rank_dir(rank_dir: str | os.PathLike, *,
         op_type = _op_type(key)
         for slot, io, index, arg, item in _entry_items(entry, key):
             t = _tensor(item, key, slot, io, index, arg, order, step, rank, op_type,
-                        rank_dir, data_dir, tensor_mode)
+                        json_path, data_dir, tensor_mode)
             if pid is not None:
                 t.extra["pid"] = pid
             out.append(t)
@@ -216,24 +217,22 @@ def _op_type(key: str) -> str:
 
 
 def _tensor(item: dict, key: str, slot: str, io: str, index: int, arg: str, order: int,
-            step, rank, op_type: str, rank_dir: Path, data_dir: Path, tensor_mode: bool) -> DumpTensor:
-    where = f"{rank_dir}/dump.json: {key} {slot} {arg}"
+            step, rank, op_type: str, json_path: str, data_dir: str, tensor_mode: bool) -> DumpTensor:
     dtype_raw, shape_raw = item.get("dtype"), item.get("shape")
     if not isinstance(dtype_raw, str) or not isinstance(shape_raw, list) or len(shape_raw) > MAX_DIMS \
             or not all(type(d) is int and d >= 0 for d in shape_raw):
-        raise DumpError(f"{where}: bad dtype/shape {dtype_raw!r}/{shape_raw!r}"[:300])
+        raise DumpError(f"{json_path}: {key} {slot} {arg}: bad dtype/shape {dtype_raw!r}/{shape_raw!r}"[:300])
     dtype, shape = normalize_dtype(dtype_raw), tuple(shape_raw)
     extra: dict = {"slot": slot, "arg": arg, "entry": order, "stats_counts": "lower_bound"}
     load = region = None
-    path = str(rank_dir / "dump.json")
+    path = json_path
     data_name = item.get("data_name")
     if tensor_mode and data_name is not None:
         if not isinstance(data_name, str) or not _DATA_NAME.fullmatch(data_name) or ".." in data_name:
-            raise DumpError(f"{where}: unsafe data_name {data_name!r}"[:300])
+            raise DumpError(f"{json_path}: {key} {slot} {arg}: unsafe data_name {data_name!r}"[:300])
         extra["data_name"] = data_name
-        file = data_dir / data_name
-        path = str(file)
-        load, region = _loader(file, shape), _region(file, shape)
+        path = os.path.join(data_dir, data_name)
+        load, region = _loader(path, shape), _region(path, shape)
     stats = _stats_from_item(item, key, io, index, dtype, shape, step, rank, path)
     return DumpTensor(name=key, io=io, index=index, dtype=dtype, shape=shape, order=order,
                       step=step, rank=rank, path=path, op_type=op_type, load=load, stats=stats,

@@ -19,6 +19,7 @@ import collections
 import functools
 import io
 import math
+import mmap
 import os
 import pickle
 import re
@@ -27,12 +28,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..safeio import memmap_regular
+from ..safeio import memmap_regular, open_regular
 from .npy import SLACK, member_array, open_zip, read_member, stored_data_offset
+from .storedzip import read_stored_zip
 from .types import DumpError, DumpTensor, FileRegion, ZipRegion
 
 MAX_PICKLE = 1 << 20
 MAX_ELEMENTS = 1 << 34
+_MAP_HERE = 8 << 20   # tensors up to this size are mapped with the descriptor that read the zip
 
 # storage type name -> (numpy dtype, dtype name we report)
 STORAGE_DTYPES: dict[str, tuple[str, str]] = {
@@ -98,30 +101,26 @@ def _rebuild_parameter(data, requires_grad=False, backward_hooks=None) -> Tensor
     return data
 
 
-def _allowed() -> dict[tuple[str, str], object]:
-    """Fresh stand-ins for each unpickler, so a pickle that mutates one (BUILD) cannot affect
-    the next read."""
-    table: dict[tuple[str, str], object] = {
-        ("torch._utils", "_rebuild_tensor_v2"): functools.partial(_rebuild_tensor_v2),
-        ("torch._utils", "_rebuild_parameter"): functools.partial(_rebuild_parameter),
-        ("collections", "OrderedDict"): collections.OrderedDict,
-    }
-    table.update({("torch", n): _StorageType(n) for n in STORAGE_DTYPES})
-    return table
+_GLOBALS: dict[tuple[str, str], object] = {
+    ("torch._utils", "_rebuild_tensor_v2"): lambda: functools.partial(_rebuild_tensor_v2),
+    ("torch._utils", "_rebuild_parameter"): lambda: functools.partial(_rebuild_parameter),
+    ("collections", "OrderedDict"): lambda: collections.OrderedDict,
+    **{("torch", n): (lambda n=n: _StorageType(n)) for n in STORAGE_DTYPES},
+}
+
 
 _KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, fp) -> None:
-        super().__init__(fp)
-        self._allowed = _allowed()
-
     def find_class(self, module: str, name: str):  # noqa: D401 - pickle hook
+        """A fresh stand-in per lookup, so a pickle that mutates one (BUILD) cannot affect
+        another lookup or the next read."""
         try:
-            return self._allowed[(module, name)]
+            make = _GLOBALS[(module, name)]
         except (KeyError, TypeError):
             raise DumpError(f"pickle asks for forbidden global {module}.{name}") from None
+        return make()
 
     def persistent_load(self, pid):
         if (not isinstance(pid, tuple) or len(pid) != 5 or pid[0] != "storage"
@@ -133,15 +132,30 @@ class _Unpickler(pickle.Unpickler):
 
 def unpickle_tensor(data: bytes, what: str = "data.pkl") -> TensorRef:
     try:
-        obj = _Unpickler(io.BytesIO(data)).load()
+        return _known(data) if len(data) <= 4096 else _unpickle(data)   # the cache holds small ones only
     except DumpError as exc:
         raise DumpError(f"{what}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=512)
+def _known(data: bytes) -> TensorRef:
+    """The description of ``data`` (immutable, so shared): the tensors of a dump repeat a few
+    shapes, and the same pickle bytes describe the same view; unpickling is ~half of a small
+    tensor's read."""
+    return _unpickle(data)
+
+
+def _unpickle(data: bytes) -> TensorRef:
+    try:
+        obj = _Unpickler(io.BytesIO(data)).load()
+    except DumpError:
+        raise
     except RecursionError:
-        raise DumpError(f"{what}: pickle nests too deeply") from None
+        raise DumpError("pickle nests too deeply") from None
     except Exception as exc:  # UnpicklingError, EOFError, TypeError from a stand-in, ...
-        raise DumpError(f"{what}: bad pickle: {type(exc).__name__}: {exc}"[:300]) from None
+        raise DumpError(f"bad pickle: {type(exc).__name__}: {exc}"[:300]) from None
     if not isinstance(obj, TensorRef):
-        raise DumpError(f"{what}: top-level object is {type(obj).__name__}, not a single tensor")
+        raise DumpError(f"top-level object is {type(obj).__name__}, not a single tensor")
     return obj
 
 
@@ -160,6 +174,64 @@ def inspect_pt(path: str | os.PathLike, *, max_members: int = 64,
                max_uncompressed: int = 8 << 30) -> PtInfo:
     """Parse the archive and data.pkl; check the view fits the storage. Reads no tensor data."""
     path = os.fspath(path)
+    got = _fast(path, max_members, max_uncompressed, False)
+    return got[0] if got is not None else _inspect_zipfile(path, max_members, max_uncompressed)
+
+
+def open_pt(path: str | os.PathLike, limit: int = 8 << 30) -> np.ndarray:
+    """``load_pt(inspect_pt(path))`` with one open of the file where it has the plain layout."""
+    path = os.fspath(path)
+    got = _fast(path, 64, 8 << 30, True)
+    if got is not None and got[1] is not None:
+        return got[1]
+    return load_pt(got[0] if got is not None else inspect_pt(path), limit)
+
+
+def _fast(path: str, max_members: int, max_uncompressed: int, load: bool) -> tuple[PtInfo, np.ndarray | None] | None:
+    """The plain layout (storedzip.py) read through one descriptor: the description and, with
+    ``load``, the tensor mapped from the same descriptor. None: take zipfile's path."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return None   # the zipfile path opens it again and says why
+    try:
+        z = read_stored_zip(fd, max_members=max_members, max_uncompressed=max_uncompressed)
+        if z is None:
+            return None
+        pkls = [n for n in z.members if n.endswith("/data.pkl") and n.count("/") == 1]
+        if len(pkls) != 1 or z.members[pkls[0]].size > MAX_PICKLE:
+            return None
+        prefix = pkls[0][: -len("data.pkl")]
+        pkl = z.member(z.members[pkls[0]])
+        if pkl is None:
+            return None
+        ref = unpickle_tensor(pkl, f"{path}:{pkls[0]}")
+        order = z.members.get(prefix + "byteorder")
+        if order is not None and order.size > 16:
+            return None
+        raw_order = z.member(order) if order is not None else b""
+        stored = z.members.get(f"{prefix}data/{ref.storage.key}")
+        if raw_order is None or stored is None:
+            return None
+        data_offset = z.data_offset(stored)
+        if data_offset is None:
+            return None
+        member = stored.zipinfo()
+        info = _checked(path, ref, raw_order.strip() == b"big", member, data_offset)
+        if not load or info.np_dtype.itemsize * ref.storage.numel > _MAP_HERE or not all(ref.size):
+            return info, None   # large tensors: np.memmap, whose pages a compare can drop behind it
+        start = data_offset - data_offset % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(fd, data_offset - start + info.np_dtype.itemsize * ref.storage.numel,
+                       access=mmap.ACCESS_READ, offset=start)
+        flat = np.frombuffer(mm, dtype=info.np_dtype, count=ref.storage.numel, offset=data_offset - start)
+        return info, _view(info, flat)
+    except Exception:  # noqa: BLE001 - every problem is zipfile's path's to report, in its words
+        return None
+    finally:
+        os.close(fd)
+
+
+def _inspect_zipfile(path: str, max_members: int, max_uncompressed: int) -> PtInfo:
     with open_zip(path, max_members=max_members, max_uncompressed=max_uncompressed) as zf:
         infos = {i.filename: i for i in zf.infolist()}
         pkls = [n for n in infos if n.endswith("/data.pkl") and n.count("/") == 1]
@@ -174,6 +246,10 @@ def inspect_pt(path: str | os.PathLike, *, max_members: int = 64,
             raise DumpError(f"{path}: storage member {prefix}data/{ref.storage.key} is missing")
         # found while the archive is open, so that loading does not parse the zip a second time
         data_offset = stored_data_offset(path, zf, member) if member.compress_type == zipfile.ZIP_STORED else None
+    return _checked(path, ref, big, member, data_offset)
+
+
+def _checked(path: str, ref: TensorRef, big: bool, member: zipfile.ZipInfo, data_offset: int | None) -> PtInfo:
     np_code, name = STORAGE_DTYPES[ref.storage.stype]
     dtype = np.dtype(np_code)
     if big:
@@ -205,11 +281,15 @@ def load_pt(info: PtInfo, limit: int = 8 << 30) -> np.ndarray:
             raise DumpError(f"{info.path}: cannot map the tensor data: {exc}") from None
     else:
         flat = member_array(info.path, info.member, info.np_dtype, ref.storage.numel, 0, limit)
+    return _view(info, flat)
+
+
+def _view(info: PtInfo, flat: np.ndarray) -> np.ndarray:
+    """The tensor's view of its storage ``flat``, read-only."""
+    ref = info.ref
     itemsize = info.np_dtype.itemsize
-    contiguous = _contiguous(ref)
-    count = math.prod(ref.size)
-    if contiguous:
-        arr = flat[ref.offset: ref.offset + count].reshape(ref.size)
+    if _contiguous(ref):
+        arr = flat[ref.offset: ref.offset + math.prod(ref.size)].reshape(ref.size)
     else:
         arr = np.lib.stride_tricks.as_strided(
             flat[ref.offset:], shape=ref.size, strides=tuple(s * itemsize for s in ref.stride),
