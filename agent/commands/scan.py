@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from ..config import ConfigError
 from ..dumps.scan import Progress, scan_dump, with_fusion, with_inf_extremes
 from ..engine.rulefile import RuleSet
 from ..model import json_safe
+from .compare import usable_cpus
 from .tools import EXIT_ERRORS as EXIT_CONFIG, exit_status, progress_bar, rules_dirs
 
 
@@ -25,11 +25,7 @@ MAX_DEFAULT_JOBS = 8   # past this a tree scan is bound by memory bandwidth, not
 def default_jobs() -> int:
     """``scan --jobs`` unless given: the CPUs this process may use (its affinity, e.g. taskset or a
     cgroup cpuset), at most :data:`MAX_DEFAULT_JOBS`."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):   # pragma: no cover - not Linux
-        n = os.cpu_count() or 1
-    return max(1, min(MAX_DEFAULT_JOBS, n))
+    return min(MAX_DEFAULT_JOBS, usable_cpus())
 
 
 def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | None = None,
