@@ -51,7 +51,7 @@ def test_for_delays_firing_and_clear_resolves_after_keep_firing_for(tmp_path):
     (alert,) = p.alerts.alerts.values()
     assert alert.count == 2 and alert.annotations["summary"] == "scale 1"  # the onset
     assert alert.finding["latest"]["value"] == 0.5 and alert.finding["step"] == 1
-    assert alert.labels == (("run", "r1"), ("severity", "page"))
+    assert alert.labels == (("run", "r1"), ("severity", "page"), ("suspect", "unknown"))   # no evidence either way
     p.process([sample(LOSS_SCALE, 1024.0, 112.0, 3)])
     assert states(p) == {"Floor": AlertState.FIRING}  # keep_firing_for: 5s
     p.tick(118.0)
