@@ -10,8 +10,9 @@ the user set explicitly is kept.
 
 The daemon's own threads (``expected_threads``): main, worker, dump scan, timers (ticker.py),
 the HTTP server's I/O thread and ``http.workers`` request threads, watchdog's inotify reader and
-observer with one emitter per watched root, one polling observer per distinct poll interval (with
-one emitter per polled root), and one push thread per Alertmanager URL."""
+observer with one emitter per watched root (inotify or polling), one polling observer per distinct
+poll interval of the watches that poll (``poll: auto`` polls on network file systems), and one push
+thread per Alertmanager URL."""
 
 from __future__ import annotations
 
@@ -39,10 +40,10 @@ def limit_native_pools(environ: Any = os.environ) -> dict[str, str]:
 def expected_threads(config: Any) -> int:
     """The most threads the daemon runs with ``config`` at idle and while scanning dumps
     (``config``: agent.config.Config)."""
-    polled = [w for w in config.watches if w.poll is True]
-    inotify = len(config.watches) - len(polled)
-    intervals = {w.poll_interval for w in polled}
+    # every watched root has one emitter, inotify or polling; a watch that may poll (``poll: auto``
+    # polls on a network file system) may need the polling observer of its interval
+    pollers = {w.poll_interval for w in config.watches if w.poll is not False}
     pushers = len(config.alertmanager.urls) if config.alertmanager is not None else 0
     scan_workers = getattr(config.limits, "scan_workers", 1) or 1
-    return (FIXED_THREADS - 1 + scan_workers + config.http.workers + WATCHDOG_THREADS + inotify
-            + len(intervals) + len(polled) + pushers)
+    return (FIXED_THREADS - 1 + scan_workers + config.http.workers + WATCHDOG_THREADS + len(config.watches)
+            + len(pollers) + pushers)

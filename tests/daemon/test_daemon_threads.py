@@ -41,16 +41,18 @@ def test_thread_count_bounded_by_config_not_cpus(tmp_path: Path) -> None:
     for i in range(FILES):
         (logs / f"job{i:04d}.log").write_text(line * 3)
     cfg = tmp_path / "agent.yml"
-    cfg.write_text("dump_settle: 0.3s\n")
-    agent = AgentProcess(logs, state, "--config", str(cfg), "--watch", f"dump:{dumps}")
+    # poll: false: the bound is then exact (a watch that may poll may add a polling observer)
+    cfg.write_text(f"dump_settle: 0.3s\nwatches:\n  - {{path: '{logs}', poll: false}}\n"
+                   f"  - {{path: '{dumps}', kind: dump, poll: false}}\n")
+    agent = AgentProcess(logs, state, "--config", str(cfg))
+    agent.args = [a for a in agent.args if a not in ("--watch", str(logs))]  # the config's watches only
     # the test's own environment must not do the daemon's work: no pool variable is passed on
     env = {k: v for k, v in os.environ.items() if k not in POOL_VARIABLES}
     agent._err = open(agent.stderr_path, "ab")
     agent.proc = subprocess.Popen(agent.args, stdout=subprocess.DEVNULL, stderr=agent._err, env=env)
     try:
         wait_for(agent.ready, 30, what="agent ready")
-        bound = expected_threads(load_config(cfg, {"watches": [{"path": str(logs)},
-                                                                 {"path": str(dumps), "kind": "dump"}]}))
+        bound = expected_threads(load_config(cfg))
         seen = [_threads(agent.proc.pid)]
 
         def read_all() -> bool:
