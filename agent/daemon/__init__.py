@@ -1,6 +1,5 @@
 """The resident agent: wiring and lifecycle (``agent.py``), the worker thread (``worker.py``),
-reloads (``reload.py``), the dump side (``dumpflow.py``), periodic jobs (``ticker.py``), thread
-bounds (``threads.py``), systemd notify and process priority.
+reloads (``reload.py``), the dump side (``dumpflow.py``), thread bounds (``threads.py``), systemd notify and process priority.
 
 Importing this package bounds native libraries' thread pools (BLAS, OpenMP) to one thread each
 before anything of the daemon imports numpy (threads.py): they would otherwise start one thread

@@ -1,7 +1,7 @@
 """The resident agent: wires sources → readers → pipeline → state store → exporters, and runs
 their lifecycle (start, signals, health checks, shutdown).
 
-Threads: watchdog's observer and the periodic jobs (ticker.py) only *enqueue* work; one worker thread
+Threads: watchdog's observer and the apscheduler jobs only *enqueue* work; one worker thread
 (worker.py) owns the readers, the pipeline and the state store, so detection needs no locks; the
 HTTP server reads snapshots. SIGTERM finishes the current batch, commits and exits 0; SIGHUP
 reloads the rule files (a bad file keeps its last good version) and re-reads the config file
@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, ProcessCollector
 
 from .. import __version__
@@ -48,7 +50,6 @@ from .fdlimit import plan_descriptors
 from .priority import lower_priority
 from .reload import Reloader
 from .systemd import sd_notify, watchdog_interval
-from .ticker import Ticker
 from .worker import Worker
 
 log = logging.getLogger("precision_agent")
@@ -75,7 +76,10 @@ class Agent:
         self.dumps.guard = self.confine.guard
         self._stalled: set[str] = set()   # workers whose stall was reported
         self._thread: threading.Thread | None = None
-        self.scheduler = Ticker()
+        # one job thread: the jobs only enqueue work or read a few numbers, and apscheduler's
+        # default pool would add up to 10 threads (daemon/threads.py counts them)
+        self.scheduler = BackgroundScheduler(timezone="UTC", executors={"default": ThreadPoolExecutor(1)}, job_defaults={
+            "coalesce": True, "max_instances": 1, "misfire_grace_time": 30})
         self.watcher = TreeWatcher(config.watches, self._on_path, self._on_overflow,
                                    lambda msg: self.health.error("watch", "%s", msg))
         self.registry = CollectorRegistry(auto_describe=False)
@@ -129,11 +133,13 @@ class Agent:
         log.info("precision-agent %s listening on %s (metrics at %s/metrics)", __version__, self.http.url,
                  self.http.url)
         self.watcher.start()
-        self.scheduler.add(self.queue.request_resync, self.config.resync_interval, "resync")
-        self.scheduler.add(self._check_workers, max(0.2, min(5.0, self.health.stall_timeout / 4)), "stall-check")
+        self.scheduler.add_job(self.queue.request_resync, "interval", seconds=self.config.resync_interval,
+                               id="resync")
+        self.scheduler.add_job(self._check_workers, "interval",
+                               seconds=max(0.2, min(5.0, self.health.stall_timeout / 4)), id="stall-check")
         ping = watchdog_interval()
         if ping:
-            self.scheduler.add(self._watchdog_ping, ping, "watchdog")
+            self.scheduler.add_job(self._watchdog_ping, "interval", seconds=ping, id="watchdog")
         self.scheduler.start()
         if self.alertmanager is not None:
             self.alertmanager.start()
@@ -157,7 +163,10 @@ class Agent:
 
     def shutdown(self) -> bool:
         """Stop everything; True when the final state save worked (else the exit status is 1)."""
-        self.scheduler.shutdown()  # no watchdog pings after STOPPING
+        try:
+            self.scheduler.shutdown(wait=False)  # no watchdog pings after STOPPING
+        except Exception:  # scheduler not started
+            pass
         sd_notify("STOPPING=1")
         log.info("stopping")
         self.stop_event.set()

@@ -8,7 +8,8 @@ workers are its own threads), so ``limit_native_pools`` sets the variables those
 to 1 before numpy is first imported (the ``daemon`` package imports this module first). A value
 the user set explicitly is kept.
 
-The daemon's own threads (``expected_threads``): main, worker, dump scan, timers (ticker.py),
+The daemon's own threads (``expected_threads``): main, worker, dump scan, apscheduler's scheduler
+thread and its one job thread,
 the HTTP server's I/O thread and ``http.workers`` request threads, watchdog's inotify reader and
 observer with one emitter per watched root (inotify or polling), one polling observer per distinct
 poll interval of the watches that poll (``poll: auto`` polls on network file systems), and one push
@@ -23,7 +24,7 @@ from typing import Any
 POOL_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "GOTO_NUM_THREADS")
 
-FIXED_THREADS = 5       # main, worker, dump-scan, timers, http-io
+FIXED_THREADS = 6       # main, worker, dump-scan, scheduler, its job thread, http-io
 WATCHDOG_THREADS = 2    # inotify reader + observer (emitters counted per watched root)
 
 
@@ -44,6 +45,7 @@ def expected_threads(config: Any) -> int:
     # polls on a network file system) may need the polling observer of its interval
     pollers = {w.poll_interval for w in config.watches if w.poll is not False}
     pushers = len(config.alertmanager.urls) if config.alertmanager is not None else 0
-    scan_workers = getattr(config.limits, "scan_workers", 1) or 1
-    return (FIXED_THREADS - 1 + scan_workers + config.http.workers + WATCHDOG_THREADS + len(config.watches)
-            + len(pollers) + pushers)
+    # limits.scan_jobs > 1: that many job threads beside the dump-scan thread, while a scan runs
+    jobs = getattr(config.limits, "scan_jobs", 1)
+    return (FIXED_THREADS + (jobs if jobs > 1 else 0) + config.http.workers + WATCHDOG_THREADS
+            + len(config.watches) + len(pollers) + pushers)
