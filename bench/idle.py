@@ -104,7 +104,8 @@ def run(files: int = 20, lines: int = 200, duration: float = 30.0, scrape_interv
         expected = _make_logs(watch, files, lines)
         with common.AgentProcess(watch) as agent:
             ready_sample = agent.sample()
-            deadline = time.monotonic() + 60
+            # the first pass over 10,000 files on a busy 2-core host can take minutes
+            deadline = time.monotonic() + max(60.0, files * 0.12)
             while True:
                 c = _counters(agent)
                 if c["log_lines_read_total"] >= expected or time.monotonic() > deadline:

@@ -19,6 +19,11 @@ The agent's config ``debounce`` (it waits that long after the first change event
 of appends is read in one go) is a floor under every sample. Polling is not free: the agent
 renders ``/metrics`` for every poll, so the report also gives the agent's CPU during each run.
 A second run with a slower poll (50 ms) shows how much the tight poll perturbs the result.
+
+The push path (latency_push.py): a line with a NaN loss written -> the alert firing on the
+agent's ``/api/v1/alerts``, and -> received by a real Alertmanager's webhook. Goals: p99 <= 100 ms
+to the API, p99 <= 1 s to the webhook. Percentiles are nearest-rank: with N < 100 the p99 is the
+maximum.
 """
 
 from __future__ import annotations
@@ -32,9 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from . import common
+from .latency_push import run_push
 
 NAME = "latency"
 GOAL_MEDIAN_S = 0.5
+GOAL_API_P99_S = 0.1       # push path: line written -> alert firing on /api/v1/alerts
+GOAL_WEBHOOK_P99_S = 1.0   # -> received by the Alertmanager webhook
+
+
+def p99(values: list[float]) -> float:
+    return common.percentile(values, 99)
 STEP = common.METRIC + "training_step"
 
 
@@ -93,6 +105,7 @@ def _series_run(agent: common.AgentProcess, fd: int, first_iteration: int, n: in
         "samples_s": latencies,
         "lower_bounds_s": lowers,
         **stats,
+        "p99_s": p99(ok),
         "lower_bound": {k: v for k, v in common.summarize(lowers).items() if k != "n"},
         "ratio_median_to_goal": stats["median_s"] / GOAL_MEDIAN_S,
         "meets_goal": bool(stats["median_s"] < GOAL_MEDIAN_S) if ok else False,
@@ -116,7 +129,8 @@ def _background_files(d: Path, files: int) -> None:
 
 
 def run(n: int = 50, polls: tuple[float, ...] = (0.005, 0.05), spacing: tuple[float, float] = (0.05, 0.3),
-        deadline: float = 5.0, seed: int = 1, idle_files: int = 0, quick: bool = False) -> dict[str, Any]:
+        deadline: float = 5.0, seed: int = 1, idle_files: int = 0, push_n: int = 20,
+        quick: bool = False) -> dict[str, Any]:
     rng = random.Random(seed)
     agent = common.AgentProcess()
     _background_files(agent.watch_dir, idle_files)
@@ -139,6 +153,7 @@ def run(n: int = 50, polls: tuple[float, ...] = (0.005, 0.05), spacing: tuple[fl
         finally:
             os.close(fd)
         startup = agent.startup_s
+    push = run_push(push_n, polls[0], spacing, deadline, rng, p99) if push_n > 0 else None
     primary = runs[0]
     return {
         "bench": NAME,
@@ -147,15 +162,18 @@ def run(n: int = 50, polls: tuple[float, ...] = (0.005, 0.05), spacing: tuple[fl
         "host": common.host_info(),
         "agent_config": common.agent_defaults(),
         "params": {"n": n, "poll_intervals_s": list(polls), "spacing_s": list(spacing),
-                   "deadline_s": deadline, "seed": seed, "idle_files": idle_files},
-        "goal": {"median_s": GOAL_MEDIAN_S},
+                   "deadline_s": deadline, "seed": seed, "idle_files": idle_files,
+                   "push_n": push_n},
+        "goal": {"median_s": GOAL_MEDIAN_S, "push_api_p99_s": GOAL_API_P99_S,
+                 "push_webhook_p99_s": GOAL_WEBHOOK_P99_S},
         "startup_s": startup,
         "stop_s": agent.stop_s,
         "exit_code": agent.exit_code,
         "agent_rss_mb_after": rss.rss_bytes / common.MB,
         "runs": runs,
+        "push": push,
         "summary": {"poll_interval_s": primary["poll_interval_s"], "median_s": primary["median_s"],
-                    "p90_s": primary["p90_s"], "max_s": primary["max_s"],
+                    "p90_s": primary["p90_s"], "p99_s": primary["p99_s"], "max_s": primary["max_s"],
                     "ratio_median_to_goal": primary["ratio_median_to_goal"],
                     "meets_goal": primary["meets_goal"], "timeouts": primary["timeouts"],
                     "floor_debounce_s": common.agent_defaults()["debounce_s"]},
@@ -177,18 +195,41 @@ def report(res: dict[str, Any]) -> str:
         lo = r["lower_bound"]
         lines.append(
             f"  poll {r['poll_interval_s'] * 1000:4.0f} ms  N={r['n']:<3d} median {_ms(r['median_s'])} ms"
-            f"  p90 {_ms(r['p90_s'])}  max {_ms(r['max_s'])}  min {_ms(r['min_s'])}"
+            f"  p90 {_ms(r['p90_s'])}  p99 {_ms(r['p99_s'])}  max {_ms(r['max_s'])}  min {_ms(r['min_s'])}"
             f"  | lower bound median {_ms(lo['median_s'])}  | timeouts {r['timeouts']}")
         lines.append(
             f"      median/goal {r['ratio_median_to_goal']:.3f} "
             f"({'within' if r['meets_goal'] else 'OVER'} goal median < {GOAL_MEDIAN_S * 1000:.0f} ms);"
             f" {r['scrapes']} scrapes, scrape median {_ms(r['scrape_median_s']).strip()} ms;"
             f" agent CPU meanwhile {r['agent_cpu_percent']:.1f} % of a core")
+    push = res.get("push")
+    if push:
+        lines += _push_report(push)
     s = res["summary"]
     lines.append(f"  => median {s['median_s'] * 1000:.1f} ms vs goal < {GOAL_MEDIAN_S * 1000:.0f} ms: "
                  f"ratio {s['ratio_median_to_goal']:.3f} "
                  f"({'within goal' if s['meets_goal'] else 'OVER GOAL'})")
     return "\n".join(lines)
+
+
+def _push_report(p: dict[str, Any]) -> list[str]:
+    a = p["api"]
+    ok = a["n"] and a["p99_s"] <= GOAL_API_P99_S and not a["timeouts"]
+    out = [f"  push path, N={p['n']} NaN-loss lines -> {p['alert']} (each a new alert), poll {p['poll_interval_s'] * 1000:.0f} ms;"
+           f" agent CPU meanwhile {p['agent_cpu_percent']:.1f} % of a core",
+           f"      -> /api/v1/alerts firing: median {_ms(a['median_s'])} ms  p90 {_ms(a['p90_s'])}  p99 {_ms(a['p99_s'])}"
+           f"  max {_ms(a['max_s'])}  | timeouts {a['timeouts']}  | p99/goal {a['p99_s'] / GOAL_API_P99_S:.3f}"
+           f" ({'within' if ok else 'OVER'} goal p99 <= {GOAL_API_P99_S * 1000:.0f} ms)"]
+    w = p.get("webhook")
+    if w is None:
+        out.append(f"      -> Alertmanager webhook: NOT MEASURED: {p['alertmanager_unavailable']}")
+    else:
+        ok = w["n"] and w["p99_s"] <= GOAL_WEBHOOK_P99_S and not w["timeouts"]
+        out.append(f"      -> Alertmanager webhook: median {_ms(w['median_s'])} ms  p90 {_ms(w['p90_s'])}"
+                   f"  p99 {_ms(w['p99_s'])}  max {_ms(w['max_s'])}  | timeouts {w['timeouts']}, {w['posts']} POSTs"
+                   f"  | p99/goal {w['p99_s'] / GOAL_WEBHOOK_P99_S:.3f}"
+                   f" ({'within' if ok else 'OVER'} goal p99 <= {GOAL_WEBHOOK_P99_S * 1000:.0f} ms; {p['alertmanager']})")
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -199,13 +240,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--idle-files", type=int, default=0,
                    help="other idle logs the agent also follows (default 0; try 10000 for the resync's effect)")
+    p.add_argument("--push-n", type=int, default=None,
+                   help="push-path events (alert on the API and at an Alertmanager webhook); 0 skips"
+                        " (default 20, quick 5)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     n = args.n if args.n is not None else (10 if args.quick else 50)
     polls = tuple(ms / 1000 for ms in (args.poll_ms or [5.0, 50.0]))
+    push_n = args.push_n if args.push_n is not None else (5 if args.quick else 20)
     return run(n=n, polls=polls, deadline=args.deadline, seed=args.seed, idle_files=args.idle_files,
-               quick=args.quick)
+               push_n=push_n, quick=args.quick)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,2 +1,10 @@
 """The resident agent: wiring and lifecycle (``agent.py``), the worker thread (``worker.py``),
-reloads (``reload.py``), the dump side (``dumpflow.py``), systemd notify and process priority."""
+reloads (``reload.py``), the dump side (``dumpflow.py``), thread bounds (``threads.py``), systemd notify and process priority.
+
+Importing this package bounds native libraries' thread pools (BLAS, OpenMP) to one thread each
+before anything of the daemon imports numpy (threads.py): they would otherwise start one thread
+per CPU of the host."""
+
+from .threads import limit_native_pools
+
+limit_native_pools()

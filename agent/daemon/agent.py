@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry, ProcessCollector
 
@@ -76,7 +77,9 @@ class Agent:
         self.dumps.guard = self.confine.guard
         self._stalled: set[str] = set()   # workers whose stall was reported
         self._thread: threading.Thread | None = None
-        self.scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
+        # one job thread: the jobs only enqueue work or read a few numbers, and apscheduler's
+        # default pool would add up to 10 threads (daemon/threads.py counts them)
+        self.scheduler = BackgroundScheduler(timezone="UTC", executors={"default": ThreadPoolExecutor(1)}, job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": 30})
         self.watcher = TreeWatcher(config.watches, self._on_path, self._on_overflow,
                                    lambda msg: self.health.error("watch", "%s", msg))

@@ -60,7 +60,8 @@ class Follower:
         self._map_errors: set[str] = set()  # $PRECISION_AGENT_METRIC_MAP errors already reported
         # descriptors held at most (the daemon may lower it to fit RLIMIT_NOFILE: daemon/fdlimit.py)
         self.max_open_files = config.limits.max_open_files
-        self.unread: dict[str, int] = {}  # path -> bytes written but not read yet (the backlog)
+        self.unread: dict[str, int] = {}  # path -> bytes written but not read yet (the backlog; > 0 only)
+        self._check_fd = confine.check_fd  # one bound method for every tailer, not one each
         self.backlog: dict[str, None] = {}  # paths to read at the next read(), after the fresh ones
         self._again: deque[str] = deque()  # files with more to read, for another turn in this read()
         self._first: deque[str] = deque()  # deleted files over the descriptor budget: drained first
@@ -101,7 +102,7 @@ class Follower:
                 continue  # unchanged since we read it: no need to open it again
             if stream is None or not stream.tailer.is_open:  # (an open one is measured as it is read)
                 same = pos is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino)
-                self.unread[path] = max(st.st_size - (pos.offset if same else 0), 0)
+                self._set_unread(path, st.st_size - (pos.offset if same else 0))
             changed.append(path)
         for path in [p for p in self.unread if p not in candidates]:
             self.unread.pop(path)  # gone before it was opened (or refused by max_files): no backlog
@@ -206,12 +207,19 @@ class Follower:
         at all (an error) waits for the next event or resync instead of spinning."""
         stream = self.streams[path]
         unread = stream.tailer.unread_bytes()
-        self.unread[path] = unread
+        self._set_unread(path, unread)
         if consumed >= self.config.limits.read_budget_bytes or (consumed > 0 and unread > 0):
             if path in self._gone_open and self._over_budget(opening=True):
                 self._first.append(path)  # read it out: its descriptor is beyond max_open_files
             else:
                 self._again.append(path)
+
+    def _set_unread(self, path: str, n: int) -> None:
+        """Only files behind have an entry: 10,000 idle files hold none."""
+        if n > 0:
+            self.unread[path] = n
+        else:
+            self.unread.pop(path, None)
 
     def _publish_backlog(self) -> None:
         self.health.set("log_unread_bytes", sum(self.unread.values()))
@@ -298,7 +306,7 @@ class Follower:
                                  start_at_end=watch.start_at_end and path not in self.offsets,
                                  max_line_bytes=self.config.limits.max_line_bytes,
                                  chunk_bytes=self.config.limits.read_chunk_bytes, pattern=watch.pattern,
-                                 check_open=self.confine.check_fd)
+                                 check_open=self._check_fd)
         except UnknownFormat as exc:
             self.health.error("config", "%s: %s", path, exc)
             return None

@@ -105,7 +105,7 @@ class LogTailer:
         self._read_pos = 0  # file offset up to which bytes have been read
         self._buf = bytearray()  # head of the pending line, at most max_line_bytes
         self._discarding = False  # pending line exceeded max_line_bytes
-        self._events: list[tuple[TailEvent, str]] = []
+        self._events: list[tuple[TailEvent, str]] | None = None  # made at the first event (most files have none)
         self._missing_reported = False
         self._last_error: str | None = None
         self._check = check_open
@@ -159,7 +159,7 @@ class LogTailer:
 
     def drain_events(self) -> list[tuple[TailEvent, str]]:
         """Events since the last call, each with a human-readable message."""
-        events, self._events = self._events, []
+        events, self._events = self._events or [], None
         return events
 
     def unread_bytes(self) -> int:
@@ -196,7 +196,7 @@ class LogTailer:
 
     # ------------------------------------------------------------------ internals
     def _event(self, kind: TailEvent, msg: str) -> None:
-        self._events.append((kind, msg))
+        self._events = [*(self._events or ()), (kind, msg)]  # rare: a copy costs nothing
 
     def _error(self, exc: OSError) -> None:
         """Record an error once per distinct message so a polling loop does not spam."""

@@ -32,7 +32,8 @@ def _positive(x) -> bool:
 
 def test_latency_main_writes_result(tmp_path, capsys):
     n = 3
-    assert latency.main(["--n", str(n), "--poll-ms", "5", "--poll-ms", "20", "--results-dir", str(tmp_path)]) == 0
+    assert latency.main(["--n", str(n), "--poll-ms", "5", "--poll-ms", "20", "--push-n", "2",
+                         "--results-dir", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "latency.json").read_text())
     assert res["bench"] == "latency"
     for key in ("date", "host", "agent_config", "params", "goal", "startup_s", "runs", "summary"):
@@ -44,11 +45,19 @@ def test_latency_main_writes_result(tmp_path, capsys):
         assert r["timeouts"] == 0
         assert all(_positive(v) for v in r["samples_s"])
         assert all(0 <= lo <= v for lo, v in zip(r["lower_bounds_s"], r["samples_s"]))
-        assert r["min_s"] <= r["median_s"] <= r["p90_s"] <= r["max_s"]
+        assert r["min_s"] <= r["median_s"] <= r["p90_s"] <= r["p99_s"] <= r["max_s"]
         assert r["ratio_median_to_goal"] == pytest.approx(r["median_s"] / res["goal"]["median_s"])
         assert r["scrapes"] >= n
         assert r["agent_cpu_percent"] >= 0
     assert res["summary"]["median_s"] == res["runs"][0]["median_s"]
+    push = res["push"]  # a new alert per event: on the agent's API, then at a real Alertmanager's webhook
+    assert push["n"] == 2 and push["api"]["timeouts"] == 0 and all(_positive(v) for v in push["api"]["samples_s"])
+    if push["alertmanager"] is None:  # not installed: said so, never faked
+        assert "webhook" not in push and push["alertmanager_unavailable"]
+    else:
+        w = push["webhook"]
+        assert w["timeouts"] == 0 and w["posts"] >= 2
+        assert all(_positive(v) for v in w["samples_s"])
     assert res["agent_config"]["debounce_s"] > 0
     assert res["exit_code"] == 0  # SIGTERM: a clean stop
     assert "median" in capsys.readouterr().out
