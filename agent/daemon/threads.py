@@ -46,6 +46,6 @@ def expected_threads(config: Any) -> int:
     pollers = {w.poll_interval for w in config.watches if w.poll is not False}
     pushers = len(config.alertmanager.urls) if config.alertmanager is not None else 0
     # limits.scan_jobs > 1: that many job threads beside the dump-scan thread, while a scan runs
-    jobs = getattr(config.limits, "scan_jobs", 1)
+    jobs = config.limits.scan_jobs
     return (FIXED_THREADS + (jobs if jobs > 1 else 0) + config.http.workers + WATCHDOG_THREADS
             + len(config.watches) + len(pollers) + pushers)
