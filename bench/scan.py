@@ -138,10 +138,9 @@ _NUMPY_SUM = "import sys, numpy as np; np.load(sys.argv[1], mmap_mode='r').sum()
 def _cached(path: Path) -> float:
     """Fraction of ``path``'s pages in the page cache (mincore), touching none."""
     from precision_agent.dumps import pagecache
-    from precision_agent.dumps.windows import _residency
     fd = os.open(path, os.O_RDONLY)
     try:
-        was = _residency(fd, *pagecache.page_span(0, os.fstat(fd).st_size))
+        was = pagecache.resident_pages(fd, *pagecache.page_span(0, os.fstat(fd).st_size))
         return float(was.mean()) if was is not None else float("nan")
     finally:
         os.close(fd)

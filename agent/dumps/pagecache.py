@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import mmap
 import os
@@ -41,6 +42,7 @@ if sys.platform.startswith("linux"):
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         _libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        _libc.syscall.restype = ctypes.c_long
     except (OSError, AttributeError):  # pragma: no cover - a libc without them
         _libc = None
 
@@ -60,6 +62,35 @@ def page_span(start: int, end: int) -> tuple[int, int]:
     return start // PAGE * PAGE, -(-end // PAGE) * PAGE
 
 
+class _Range(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(k, ctypes.c_uint64) for k in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted",
+                                               "nr_recently_evicted")]
+
+
+_CACHESTAT = 451          # the same number on every Linux architecture (5.x+ unified table)
+_cachestat_ok = _libc is not None
+
+
+def cached_count(fd: int, start: int, end: int) -> int | None:
+    """How many pages of bytes ``start..end`` are in the page cache: ``cachestat`` (Linux 6.5+;
+    about 5x cheaper than ``mincore``, it walks the cache without a mapping). None where the kernel
+    lacks it or refuses (files one may not write and does not own, on kernels that restrict it)."""
+    global _cachestat_ok
+    if not _cachestat_ok or end <= start:
+        return None if not _cachestat_ok else 0
+    cs = _CacheStat()
+    L = ctypes.c_long
+    if _libc.syscall(L(_CACHESTAT), L(fd), ctypes.byref(_Range(start, end - start)), ctypes.byref(cs), L(0)) != 0:
+        if ctypes.get_errno() == errno.ENOSYS:
+            _cachestat_ok = False
+        return None
+    return int(cs.nr_cache)
+
+
 def resident(mm: mmap.mmap) -> np.ndarray | None:
     """Per page of the mapping ``mm``: is it in the page cache? Touches no page (``mincore``).
     None where that cannot be known."""
@@ -74,6 +105,70 @@ def resident(mm: mmap.mmap) -> np.ndarray | None:
     return (vec & 1).astype(bool) if rc == 0 else None
 
 
+def resident_pages(fd: int, start: int, end: int, step: int = 128 << 20) -> np.ndarray | None:
+    """Per page of bytes ``start..end`` (``start`` a page boundary) of ``fd``: cached now?
+    (``mincore`` of a mapping that is never touched, ``step`` bytes at a time: address space may
+    be capped too). None where unknown."""
+    end = min(end, os.fstat(fd).st_size)
+    parts = []
+    for lo in range(start, end, step):
+        try:
+            mm = mmap.mmap(fd, min(end, lo + step) - lo, mmap.MAP_SHARED, mmap.PROT_READ, offset=lo)
+        except (OSError, ValueError, OverflowError):
+            return None
+        with mm:
+            part = resident(mm)
+        if part is None:
+            return None
+        parts.append(part)
+    return np.concatenate(parts) if parts else None
+
+
+Cached = bool | np.ndarray | None   # all cached / none / a bool per page / unknown
+
+
+def snapshot(fd: int, ranges: list[tuple[int, int]]) -> list[Cached]:
+    """For each (page-aligned) byte range, what of it is in the page cache now: True (all),
+    False (none), a bool per page (some), None (unknown). ``cachestat`` counts where the kernel
+    has it (a per-page ``mincore`` only for ranges partly cached), else ``mincore``."""
+    if not ranges:
+        return []
+    size = os.fstat(fd).st_size
+    pages = lambda lo, hi: max(0, -(-(min(hi, size) - lo) // PAGE))  # noqa: E731
+    whole = cached_count(fd, ranges[0][0], ranges[-1][1])
+    if whole is not None and whole >= sum(pages(lo, hi) for lo, hi in _merged(ranges)):
+        return [True] * len(ranges)
+    out: list[Cached] = []
+    for lo, hi in ranges:
+        n = cached_count(fd, lo, hi) if whole is not None else None
+        if n == 0:
+            out.append(False)
+        elif n is not None and n >= pages(lo, hi):
+            out.append(True)
+        else:
+            out.append(resident_pages(fd, lo, hi))
+    return out
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ranges in order, overlaps (shared edge pages) merged: what a count over all of them sees."""
+    out = [ranges[0]]
+    for lo, hi in ranges[1:]:
+        if lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def all_cached(was: Cached, inner: bool = False) -> bool:
+    """``was`` (from :func:`snapshot`) says every page is cached (``inner``: but the two end
+    pages, which a range may share with its neighbours)."""
+    if isinstance(was, np.ndarray):
+        return bool((was[1:-1] if inner else was).all())
+    return was is True
+
+
 def drop(fd: int, off: int, length: int) -> None:
     """Drop the pages of bytes ``off..off+length`` from the page cache (advice; whole pages)."""
     try:
@@ -82,11 +177,13 @@ def drop(fd: int, off: int, length: int) -> None:
         pass
 
 
-def drop_absent(fd: int, base: int, was: np.ndarray | None, end: int) -> int:
+def drop_absent(fd: int, base: int, was: Cached, end: int) -> int:
     """Drop the pages from file offset ``base`` (a page boundary) to ``end`` that were not in the
-    page cache before they were read (``was``: :func:`resident` of them then; None: drop all).
-    Returns the bytes dropped."""
-    if was is None:
+    page cache before they were read (``was``, from :func:`snapshot`; None: drop all). Returns
+    the bytes dropped."""
+    if was is True:
+        return 0
+    if was is None or was is False:
         drop(fd, base, end - base)
         return end - base
     absent = ~was[:-(-(end - base) // PAGE)]

@@ -4,25 +4,27 @@ The file-level entry points of the scanner (:func:`scan_region`, :func:`scan_fil
 array kernels and their dispatch are :mod:`.scanner` (this module imports it, never the other way).
 
 A plain stretch of a file (:class:`.types.FileRegion`) is read window by window (``WINDOW_BYTES``
-per worker, at most ``MAPPED_BYTES`` over all workers, each a whole number of scanner blocks).
-Each window is mapped (which reads nothing) to ask the kernel which of its pages are in the page
-cache (:func:`.pagecache.resident`). Then:
+per worker, each a whole number of scanner blocks; at most ``MAPPED_BYTES`` mapped at once in the
+process, over all workers and all scans running side by side).
+Before the first read, the kernel is asked which pages of every window are in the page cache
+(:func:`.pagecache.snapshot`: ``cachestat``, else ``mincore``; the read-ahead of one window would
+make the next ones look cached later). Then, per window:
 
-* all of them cached (a dump just written is) and the file held by a read lease
+* all of it cached (a dump just written is) and the file held by a read lease
   (:class:`.pagecache.ReadLease`: no one can truncate it meanwhile, so no SIGBUS): the blocks are
-  scanned in place in the mapping, no copy; the window is unmapped after, so RSS stays bounded
-  (mapped pages count in RSS while mapped);
+  scanned in place in a mapping of the window, no copy; it is unmapped after, so RSS stays
+  bounded (mapped pages count in RSS while mapped);
 * otherwise (pages to read from disk, no lease, a misaligned start, ``PRECISION_AGENT_SCAN_READ=
   pread``): ``pread`` into one reused ``CHUNK_BYTES`` buffer per worker; a file that shrinks under
   us is a short read (a DumpError), never a SIGBUS. A lease that someone asks to break mid-window
   is let go at once and the rest of the window is read this way.
 
-Pages that were not cached before the window was read are dropped after it
+After each window, its pages that were not cached before are dropped again
 (``posix_fadvise(POSIX_FADV_DONTNEED)``), so scanning does not push the training job's pages out;
-pages found cached stay, unless the caller keeps everything for a comparison that reads the same
-files next (``drop_cache=False``). Deflated zip members (``.npz``, ``torch.save`` files) are
-inflated as a stream into a bounded buffer: never more than a chunk held, never more inflated
-than the tensor's shape and dtype need.
+pages found cached stay. ``drop_cache=False`` keeps everything (a comparison reads the same files
+next). Deflated zip members (``.npz``, ``torch.save`` files) are inflated as a stream into a
+bounded buffer: never more than a chunk held, never more inflated than the tensor's shape and
+dtype need.
 
 Every path hands the kernels exactly the blocks :func:`.scanner.scan_array` would cut from the
 whole array (same spans per thread, same block boundaries), so the statistics are bit-identical
@@ -47,7 +49,7 @@ from ..health import beat
 from ..kernels.scan_numpy import ROW, Acc, Scratch
 from ..model import TensorStats
 from ..safeio import open_regular_file
-from .pagecache import PAGE, ReadLease, drop_absent, page_span, resident
+from .pagecache import PAGE, ReadLease, all_cached, drop_absent, page_span, snapshot
 from .scanner import DEFAULT_BLOCK, _ranges, _run, kernel_for, stats_of
 from .types import DumpError, FileRegion, ZipRegion
 
@@ -55,7 +57,7 @@ __all__ = ["CHUNK_BYTES", "MAPPED_BYTES", "WINDOW_BYTES", "read_counts", "scan_f
 
 CHUNK_BYTES = 4 << 20           # pread buffer per worker; rounded to whole blocks
 WINDOW_BYTES = 32 << 20         # mapped window per worker (the unit of residency checks and drops)
-MAPPED_BYTES = 128 << 20        # mapped over all workers at once
+MAPPED_BYTES = 128 << 20        # mapped at once over all workers and scans of the process
 READ_ENV = "PRECISION_AGENT_SCAN_READ"   # "auto" (default) or "pread": never scan in a mapping
 
 OnBytes = Callable[[int], None]
@@ -74,6 +76,29 @@ def _count(**kw: int) -> None:
     with _lock:
         for k, v in kw.items():
             _COUNTS[k] += v
+
+
+class _Budget:
+    """Bytes that may be mapped at once in this process, over every scan and worker (scans of
+    several files may run side by side): a window that does not fit is read with pread."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if n > self.left:
+                return False
+            self.left -= n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.left += n
+
+
+_MAPPED = _Budget(MAPPED_BYTES)
 
 
 def _elems(n: int, itemsize: int, nbytes: int) -> int:
@@ -148,23 +173,21 @@ class _Span:
     def run(self, lo: int, hi: int, window: int, drop_cache: bool, in_place: bool) -> Acc:
         reg, isz = self.reg, self.isz
         win = _elems(self.n, isz, window)
-        pages = lambda c0: page_span(reg.offset + c0 * isz, reg.offset + min(hi, c0 + win) * isz)  # noqa: E731
+        starts = range(lo, hi, win)
+        pages = [page_span(reg.offset + c0 * isz, reg.offset + min(hi, c0 + win) * isz) for c0 in starts]
         with open_regular_file(reg.path) as fh, np.errstate(all="ignore"):
             fd = fh.fileno()
             lease: ReadLease | None = ReadLease(fd) if in_place else None
             if lease is not None and not lease.taken:
                 lease = None
             try:
-                # which pages were cached before we read: taken for the whole span at once, since
-                # the kernel's read-ahead for one window brings in the next ones' pages
-                first, _ = pages(lo)
-                was = _residency(fd, first, page_span(0, reg.offset + hi * isz)[1]) if drop_cache else None
-                for c0 in range(lo, hi, win):
-                    self.window(fd, c0, min(hi, c0 + win), lease)
+                # what was cached before we read, for every window at once: the kernel's
+                # read-ahead for one window brings in the next ones' pages
+                was = snapshot(fd, pages) if drop_cache or lease is not None else [None] * len(pages)
+                for c0, (base, ceil), cached in zip(starts, pages, was):
+                    self.window(fd, c0, min(hi, c0 + win), lease if all_cached(cached, inner=True) else None)
                     if drop_cache:
-                        base, ceil = pages(c0)
-                        part = None if was is None else was[(base - first) // PAGE:]
-                        _count(dropped=drop_absent(fd, base, part, ceil))
+                        _count(dropped=drop_absent(fd, base, cached, ceil))
                     beat()
             finally:
                 if lease is not None:
@@ -173,19 +196,20 @@ class _Span:
         return self.acc
 
     def window(self, fd: int, c0: int, c1: int, lease: ReadLease | None) -> None:
-        """Elements ``c0..c1``: in place in a mapping where that is safe, else (or from where a
-        lease was given up) through the pread buffer."""
+        """Elements ``c0..c1``: in place in a mapping where that is safe (a ``lease`` is given for a
+        window whose pages were cached), else (or from where the lease was given up) through the
+        pread buffer."""
         reg, isz, done = self.reg, self.isz, c0
         start, end = reg.offset + c0 * isz, reg.offset + c1 * isz
-        base, ceil = page_span(start, end)
-        size = os.fstat(fd).st_size
-        if lease is not None and end <= size:  # with the lease held it cannot shrink now
-            mm = _map(fd, base, min(ceil, size))   # (Python maps nothing past the end)
-            try:
-                now = resident(mm) if mm is not None else None
-                # in place where the pages inside are cached now (the two ends may be shared with
-                # the windows beside): no disk reads while the lease holds
-                if mm is not None and now is not None and now[1:-1].all() and lease.held():
+        base = start // PAGE * PAGE
+        budget = _MAPPED
+        if lease is not None and end <= os.fstat(fd).st_size and lease.held() and budget.take(end - start):
+            # the lease holds: the file cannot shrink below ``end`` while it does
+            mm = _map(fd, base, end)
+            if mm is None:
+                budget.give(end - start)
+            else:
+                try:
                     mm.madvise(mmap.MADV_SEQUENTIAL)   # our reads do not make its pages "hot"
                     arr = np.frombuffer(mm, dtype=reg.dtype, count=c1 - c0, offset=start - base)
                     try:
@@ -193,23 +217,14 @@ class _Span:
                     finally:
                         del arr
                     _count(mapped=(done - c0) * isz)
-            finally:
-                if mm is not None:
+                finally:
                     try:
                         mm.close()
                     except BufferError:  # a view still held by a traceback: unmapped when it goes
                         pass
+                    budget.give(end - start)
         if done < c1:
             self.pread(fd, done, c1, _elems(self.n, isz, CHUNK_BYTES))
-
-
-def _residency(fd: int, start: int, end: int) -> "np.ndarray | None":
-    """Which pages of bytes ``start..end`` (page boundaries) of ``fd`` are cached now."""
-    mm = _map(fd, start, min(end, os.fstat(fd).st_size))
-    if mm is None:
-        return None
-    with mm:
-        return resident(mm)
 
 
 def _zip_blocks(reg: ZipRegion, n: int, work: np.dtype, swap: bool, drop_cache: bool) -> Iterator[np.ndarray]:
@@ -220,7 +235,8 @@ def _zip_blocks(reg: ZipRegion, n: int, work: np.dtype, swap: bool, drop_cache: 
     with open_regular_file(reg.path) as fh:
         fd = fh.fileno()
         size = os.fstat(fd).st_size
-        was = _residency(fd, 0, size) if drop_cache else None
+        pages = [page_span(0, size)] if size else []
+        [was] = snapshot(fd, pages) if drop_cache and pages else [None]
         try:
             with zipfile.ZipFile(fh) as zf, zf.open(reg.member) as src:
                 left = reg.skip

@@ -46,7 +46,7 @@ def cached_fraction(path: Path, start: int = 0, end: int | None = None) -> float
     try:
         end = os.fstat(fd).st_size if end is None else end
         base, ceil = pagecache.page_span(start, end)
-        was = windows._residency(fd, base, ceil)
+        was = pagecache.resident_pages(fd, base, ceil)
         assert was is not None
         return float(was.mean())
     finally:
@@ -138,11 +138,16 @@ def test_a_file_open_for_writing_elsewhere_is_read_with_pread(tmp_path):
     assert as_json(s) == as_json(scan_array(a, block_elems=BLOCK))
 
 
-def test_cached_pages_stay_and_pages_read_for_the_scan_are_dropped(tmp_path):
+@pytest.mark.parametrize("probe", ["cachestat", "mincore"])
+def test_cached_pages_stay_and_pages_read_for_the_scan_are_dropped(tmp_path, monkeypatch, probe):
+    if probe == "mincore":   # kernels before 6.5 (or cachestat refused): mincore alone
+        monkeypatch.setattr(pagecache, "_cachestat_ok", False)
     path = tmp_path / "a.npy"
     np.save(path, planted(24 << 18, "float32", 3))          # 24 MiB
     fd = os.open(path, os.O_RDONLY)
     try:
+        if probe == "cachestat" and pagecache.cached_count(fd, 0, 4096) is None:
+            pytest.skip("no cachestat on this kernel")
         os.fsync(fd)
         pagecache.drop(fd, 0, 0)
         if cached_fraction(path) > 0.05:
@@ -152,7 +157,10 @@ def test_cached_pages_stay_and_pages_read_for_the_scan_are_dropped(tmp_path):
         os.close(fd)
     reg = read_npy(path).region()
     windows_of = 2 << 20
+    before = read_counts()
     scan_region(reg, window_bytes=windows_of)
+    if leases_here(path):   # the windows found cached were scanned in place, the others not
+        assert 6 << 20 <= read_counts()["mapped"] - before["mapped"] <= 8 << 20
     assert cached_fraction(path, 8 << 20, 16 << 20) == 1.0    # found cached: kept
     # read for the scan: dropped (all but read-ahead past the last window and shared edge pages)
     assert cached_fraction(path, 0, 7 << 20) < 0.05
@@ -258,3 +266,43 @@ def test_rss_stays_bounded_while_scanning_in_place(tmp_path, threads):
         assert res["mapped"] == 256 << 20
     # mapped windows count in RSS while mapped: at most MAPPED_BYTES over all workers, never the file
     assert res["hwm"] < 250 << 20, f"peak RSS {res['hwm'] >> 20} MiB"
+
+
+def test_mapped_bytes_are_bounded_across_workers_and_scans(tmp_path, monkeypatch):
+    """The mapped-bytes budget is the process's, not one scan's: windows that do not fit in it
+    are read with pread (scans of many files side by side keep RSS bounded too)."""
+    a = planted(1 << 20, "float32", 5)
+    np.save(tmp_path / "a.npy", a)
+    if not leases_here(tmp_path / "a.npy"):
+        pytest.skip("no read leases here: nothing is mapped")
+    window = 64 * BLOCK * 4
+    peak = [0]
+
+    class Watched(windows._Budget):
+        def take(self, n: int) -> bool:
+            ok = super().take(n)
+            peak[0] = max(peak[0], window + 1 - self.left)
+            return ok
+    budget = Watched(window + 1)                                  # one window at a time
+    monkeypatch.setattr(windows, "_MAPPED", budget)
+    reg = read_npy(tmp_path / "a.npy").region()
+    want = as_json(scan_array(a, block_elems=BLOCK, threads=3))
+    results = []
+
+    def scan() -> None:
+        results.append(as_json(scan_region(reg, block_elems=BLOCK, threads=3, window_bytes=window)))
+    before = read_counts()
+    scans = [threading.Thread(target=scan) for _ in range(2)]
+    for t in scans:
+        t.start()
+    for t in scans:
+        t.join(120)
+    assert results == [want, want]
+    assert budget.left == window + 1 and 0 < peak[0] <= window + 1   # never more, all given back
+    assert read_counts()["mapped"] > before["mapped"]
+    # the budget spent elsewhere: every window is read with pread, the same statistics
+    assert budget.take(window + 1)
+    before = read_counts()
+    assert as_json(scan_region(reg, block_elems=BLOCK, threads=3, window_bytes=window)) == want
+    assert read_counts()["mapped"] == before["mapped"]
+    assert read_counts()["copied"] == before["copied"] + a.nbytes
