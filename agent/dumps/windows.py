@@ -10,7 +10,8 @@ Before the first read, the kernel is asked which pages of every window are in th
 (:func:`.pagecache.snapshot`: ``cachestat``, else ``mincore``; the read-ahead of one window would
 make the next ones look cached later). Then, per window:
 
-* all of it cached (a dump just written is) and the file held by a read lease
+* cached (a dump just written is; at least 7/8 of its pages, reclaim takes single pages here and
+  there) and the file held by a read lease
   (:class:`.pagecache.ReadLease`: no one can truncate it meanwhile, so no SIGBUS): the blocks are
   scanned in place in a mapping of the window, no copy; it is unmapped after, so RSS stays
   bounded (mapped pages count in RSS while mapped);
@@ -49,7 +50,7 @@ from ..health import beat
 from ..kernels.scan_numpy import ROW, Acc, Scratch
 from ..model import TensorStats
 from ..safeio import open_regular_file
-from .pagecache import PAGE, ReadLease, all_cached, drop_absent, page_span, snapshot
+from .pagecache import PAGE, ReadLease, drop_absent, mostly_cached, page_span, snapshot
 from .scanner import DEFAULT_BLOCK, _ranges, _run, kernel_for, stats_of
 from .types import DumpError, FileRegion, ZipRegion
 
@@ -185,7 +186,7 @@ class _Span:
                 # read-ahead for one window brings in the next ones' pages
                 was = snapshot(fd, pages) if drop_cache or lease is not None else [None] * len(pages)
                 for c0, (base, ceil), cached in zip(starts, pages, was):
-                    self.window(fd, c0, min(hi, c0 + win), lease if all_cached(cached, inner=True) else None)
+                    self.window(fd, c0, min(hi, c0 + win), lease if mostly_cached(cached) else None)
                     if drop_cache:
                         _count(dropped=drop_absent(fd, base, cached, ceil))
                     beat()
@@ -197,7 +198,7 @@ class _Span:
 
     def window(self, fd: int, c0: int, c1: int, lease: ReadLease | None) -> None:
         """Elements ``c0..c1``: in place in a mapping where that is safe (a ``lease`` is given for a
-        window whose pages were cached), else (or from where the lease was given up) through the
+        window whose pages were mostly cached; the few others are read by page faults), else (or from where the lease was given up) through the
         pread buffer."""
         reg, isz, done = self.reg, self.isz, c0
         start, end = reg.offset + c0 * isz, reg.offset + c1 * isz

@@ -160,7 +160,7 @@ def test_cached_pages_stay_and_pages_read_for_the_scan_are_dropped(tmp_path, mon
     before = read_counts()
     scan_region(reg, window_bytes=windows_of)
     if leases_here(path):   # the windows found cached were scanned in place, the others not
-        assert 6 << 20 <= read_counts()["mapped"] - before["mapped"] <= 8 << 20
+        assert 6 << 20 <= read_counts()["mapped"] - before["mapped"] <= 10 << 20
     assert cached_fraction(path, 8 << 20, 16 << 20) == 1.0    # found cached: kept
     # read for the scan: dropped (all but read-ahead past the last window and shared edge pages)
     assert cached_fraction(path, 0, 7 << 20) < 0.05
