@@ -10,15 +10,16 @@ Before the first read, the kernel is asked which pages of every window are in th
 (:func:`.pagecache.snapshot`: ``cachestat``, else ``mincore``; the read-ahead of one window would
 make the next ones look cached later). Then, per window:
 
-* cached (a dump just written is; at least 7/8 of its pages, reclaim takes single pages here and
-  there) and the file held by a read lease
-  (:class:`.pagecache.ReadLease`: no one can truncate it meanwhile, so no SIGBUS): the blocks are
-  scanned in place in a mapping of the window, no copy; it is unmapped after, so RSS stays
-  bounded (mapped pages count in RSS while mapped);
-* otherwise (pages to read from disk, no lease, a misaligned start, ``PRECISION_AGENT_SCAN_READ=
-  pread``): ``pread`` into one reused ``CHUNK_BYTES`` buffer per worker; a file that shrinks under
-  us is a short read (a DumpError), never a SIGBUS. A lease that someone asks to break mid-window
-  is let go at once and the rest of the window is read this way.
+* with ``read="map"`` (``PRECISION_AGENT_SCAN_READ=map``; the default is ``pread``, measured
+  faster end to end on the 2-vCPU host, bench/README.md), a window that was cached (a dump just
+  written is; at least 7/8 of its pages: reclaim takes single pages here and there) while the
+  file is held by a read lease (:class:`.pagecache.ReadLease`: no one can truncate it meanwhile,
+  so no SIGBUS) is scanned in place in a mapping of the window, no copy; it is unmapped after,
+  so RSS stays bounded (mapped pages count in RSS while mapped);
+* otherwise (the default, pages to read from disk, no lease, a misaligned start, no room in the
+  process's mapped-bytes budget): ``pread`` into one reused ``CHUNK_BYTES`` buffer per worker; a
+  file that shrinks under us is a short read (a DumpError), never a SIGBUS. A lease that someone
+  asks to break mid-window is let go at once and the rest of the window is read this way.
 
 After each window, its pages that were not cached before are dropped again
 (``posix_fadvise(POSIX_FADV_DONTNEED)``), so scanning does not push the training job's pages out;
@@ -59,7 +60,8 @@ __all__ = ["CHUNK_BYTES", "MAPPED_BYTES", "WINDOW_BYTES", "read_counts", "scan_f
 CHUNK_BYTES = 4 << 20           # pread buffer per worker; rounded to whole blocks
 WINDOW_BYTES = 32 << 20         # mapped window per worker (the unit of residency checks and drops)
 MAPPED_BYTES = 128 << 20        # mapped at once over all workers and scans of the process
-READ_ENV = "PRECISION_AGENT_SCAN_READ"   # "auto" (default) or "pread": never scan in a mapping
+READ_ENV = "PRECISION_AGENT_SCAN_READ"   # "pread" (default) or "map": cached windows in place
+DEFAULT_READ = "pread"          # measured faster end to end on the 2-vCPU host (bench/README.md, scan)
 
 OnBytes = Callable[[int], None]
 _COUNTS = {"mapped": 0, "copied": 0, "inflated": 0, "dropped": 0}
@@ -291,14 +293,14 @@ def scan_region(reg: FileRegion | ZipRegion, *, dtype: str | None = None, name: 
                 window_bytes: int | None = None) -> TensorStats:
     """Statistics of the tensor in ``reg``, equal to ``scan_array`` of the whole array.
     ``on_bytes(n)``: progress, n bytes of the tensor at a time (from several threads).
-    ``read``: "auto" (scan cached windows in place where safe) or "pread" (never); default from
+    ``read``: "map" (scan cached windows in place where safe) or "pread" (never); default from
     ``PRECISION_AGENT_SCAN_READ``. ``window_bytes``: mapped window per worker (default
     ``WINDOW_BYTES``, within ``MAPPED_BYTES`` over all workers)."""
     if block_elems < 1 or threads < 1:
         raise ValueError("block_elems and threads must be >= 1")
-    read = read or os.environ.get(READ_ENV, "auto") or "auto"
-    if read not in ("auto", "pread"):
-        raise ValueError(f"{READ_ENV} / read must be 'auto' or 'pread', not {read!r}")
+    read = read or os.environ.get(READ_ENV, DEFAULT_READ) or DEFAULT_READ
+    if read not in ("map", "pread"):
+        raise ValueError(f"{READ_ENV} / read must be 'pread' or 'map', not {read!r}")
     bf16 = dtype == "bfloat16" or reg.dtype.name == "bfloat16"
     if bf16 and reg.dtype.itemsize != 2:
         raise TypeError(f"bfloat16 data must come as 16-bit words, got {reg.dtype}")
@@ -316,7 +318,7 @@ def scan_region(reg: FileRegion | ZipRegion, *, dtype: str | None = None, name: 
     elif isinstance(reg, FileRegion):
         window = window_bytes or min(WINDOW_BYTES, MAPPED_BYTES // len(spans))
         # in place only where the kernels see what an aligned buffer would give them
-        in_place = read == "auto" and (swap or reg.offset % reg.dtype.itemsize == 0)
+        in_place = read == "map" and (swap or reg.offset % reg.dtype.itemsize == 0)
 
         def part(span: tuple[int, int]) -> Acc:
             lo, hi = span

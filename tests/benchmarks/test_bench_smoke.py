@@ -111,7 +111,7 @@ def test_scan_bench_reports_same_run_ratios():
     # the real command against numpy's mmap sum of the same cached file, both net of start-up
     row = res["cli_vs_numpy"]
     assert row["ratio"] == row["net_s"]["numpy"] / row["net_s"]["agent"]
-    assert set(row["net_s"]) == {"agent", "agent_pread", "numpy"} and row["peak_rss_mb"]["agent"] > 0
+    assert set(row["net_s"]) == {"agent", "agent_map", "numpy"} and row["peak_rss_mb"]["agent"] > 0
     assert "numpy mmap sum" in scan.report(res)
 
 

@@ -88,8 +88,8 @@ def test_mapped_and_pread_paths_give_bit_identical_statistics(tmp_path, dtype, m
             want = as_json(scan_array(data, dtype=kind, block_elems=BLOCK))
             for threads in (1, 3):
                 got = {}
-                for read, window in (("pread", None), ("auto", None), ("auto", BLOCK * isz * 3),
-                                     ("auto", BLOCK * isz * 7 + 1), ("auto", 1)):
+                for read, window in (("pread", None), ("map", None), ("map", BLOCK * isz * 3),
+                                     ("map", BLOCK * isz * 7 + 1), ("map", 1)):
                     before = read_counts()
                     s = scan_region(reg, dtype=kind, block_elems=BLOCK, threads=threads, read=read,
                                     window_bytes=window)
@@ -108,16 +108,21 @@ def test_mapped_and_pread_paths_give_bit_identical_statistics(tmp_path, dtype, m
     os.truncate(path, 10)
 
 
-def test_the_read_environment_variable_turns_mapping_off(tmp_path, monkeypatch):
+def test_pread_is_the_default_and_the_environment_variable_turns_mapping_on(tmp_path, monkeypatch):
     np.save(tmp_path / "a.npy", planted(300_000, "float32", 1))
     reg = read_npy(tmp_path / "a.npy").region()
-    monkeypatch.setenv(windows.READ_ENV, "pread")
+    monkeypatch.delenv(windows.READ_ENV, raising=False)
     before = read_counts()
     scan_region(reg)
     assert read_counts()["mapped"] == before["mapped"]
     assert read_counts()["copied"] == before["copied"] + 300_000 * 4
+    monkeypatch.setenv(windows.READ_ENV, "map")
+    before = read_counts()
+    scan_region(reg)
+    if leases_here(tmp_path / "a.npy"):
+        assert read_counts()["mapped"] == before["mapped"] + 300_000 * 4
     monkeypatch.setenv(windows.READ_ENV, "mmap-please")
-    with pytest.raises(ValueError, match="auto.*pread"):
+    with pytest.raises(ValueError, match="pread.*map"):
         scan_region(reg)
 
 
@@ -130,7 +135,7 @@ def test_a_file_open_for_writing_elsewhere_is_read_with_pread(tmp_path):
     try:
         assert writer.stdout.readline().strip() == "open"
         before = read_counts()
-        s = scan_region(read_npy(tmp_path / "a.npy").region(), block_elems=BLOCK)
+        s = scan_region(read_npy(tmp_path / "a.npy").region(), block_elems=BLOCK, read="map")
         assert read_counts()["mapped"] == before["mapped"]   # no lease with a writer: never mapped
     finally:
         writer.stdin.close()
@@ -158,14 +163,14 @@ def test_cached_pages_stay_and_pages_read_for_the_scan_are_dropped(tmp_path, mon
     reg = read_npy(path).region()
     windows_of = 2 << 20
     before = read_counts()
-    scan_region(reg, window_bytes=windows_of)
+    scan_region(reg, window_bytes=windows_of, read="map")
     if leases_here(path):   # the windows found cached were scanned in place, the others not
         assert 6 << 20 <= read_counts()["mapped"] - before["mapped"] <= 10 << 20
     assert cached_fraction(path, 8 << 20, 16 << 20) == 1.0    # found cached: kept
     # read for the scan: dropped (all but read-ahead past the last window and shared edge pages)
     assert cached_fraction(path, 0, 7 << 20) < 0.05
     assert cached_fraction(path, 17 << 20, 24 << 20) < 0.2
-    scan_region(reg, window_bytes=windows_of, drop_cache=False)   # a comparison reads it next
+    scan_region(reg, window_bytes=windows_of, drop_cache=False, read="map")   # a comparison reads it next
     assert cached_fraction(path) == 1.0
 
 
@@ -188,7 +193,7 @@ def on_bytes(n):
         sys.stdin.readline()
         state["resumed"] = True
 try:
-    s = scan_region(read_npy(sys.argv[1]).region(), block_elems=1 << 16, window_bytes=4 << 20,
+    s = scan_region(read_npy(sys.argv[1]).region(), block_elems=1 << 16, window_bytes=4 << 20, read="map",
                     on_bytes=on_bytes)
     print(json.dumps({"count": s.count}), flush=True)
 except DumpError as exc:
@@ -243,7 +248,7 @@ def test_a_plain_mapping_of_a_truncated_file_does_die_of_sigbus(tmp_path):
 _RSS = r"""
 import json, sys
 from precision_agent.dumps.windows import read_counts, scan_file_npy
-s = scan_file_npy(sys.argv[1], threads=int(sys.argv[2]))
+s = scan_file_npy(sys.argv[1], threads=int(sys.argv[2]), read="map")
 with open("/proc/self/status") as f:
     hwm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
 print(json.dumps({"hwm": hwm, "count": s.count, **read_counts()}))
@@ -290,7 +295,7 @@ def test_mapped_bytes_are_bounded_across_workers_and_scans(tmp_path, monkeypatch
     results = []
 
     def scan() -> None:
-        results.append(as_json(scan_region(reg, block_elems=BLOCK, threads=3, window_bytes=window)))
+        results.append(as_json(scan_region(reg, block_elems=BLOCK, threads=3, window_bytes=window, read="map")))
     before = read_counts()
     scans = [threading.Thread(target=scan) for _ in range(2)]
     for t in scans:
@@ -303,6 +308,6 @@ def test_mapped_bytes_are_bounded_across_workers_and_scans(tmp_path, monkeypatch
     # the budget spent elsewhere: every window is read with pread, the same statistics
     assert budget.take(window + 1)
     before = read_counts()
-    assert as_json(scan_region(reg, block_elems=BLOCK, threads=3, window_bytes=window)) == want
+    assert as_json(scan_region(reg, block_elems=BLOCK, threads=3, window_bytes=window, read="map")) == want
     assert read_counts()["mapped"] == before["mapped"]
     assert read_counts()["copied"] == before["copied"] + a.nbytes
