@@ -1,5 +1,8 @@
 """One-pass statistics of a dumped tensor, in cache-sized blocks with bounded memory.
 
+The array kernels and their dispatch; a tensor lying in a file is read through
+:mod:`.windows` (``scan_region``, ``scan_file_npy``), which imports this module, never the reverse.
+
 ``scan_array`` reads an array (a memmap, a view, any shape or memory order) block by block and
 returns a :class:`~precision_agent.model.TensorStats`. Temporaries are block-sized only, so a
 4 GiB memmapped file is scanned with a few MB of working memory (plus the page cache).
@@ -60,7 +63,7 @@ from ..model import TensorStats
 from ..kernels import scan_c
 from ..kernels.scan_numpy import FP16_MAX, ROW, Acc, Scratch, block_fn
 
-__all__ = ["DEFAULT_BLOCK", "FP16_MAX", "ROW", "kernel_for", "scan_array", "scan_file_npy", "stats_of"]
+__all__ = ["DEFAULT_BLOCK", "FP16_MAX", "ROW", "kernel_for", "scan_array", "stats_of"]
 
 DEFAULT_BLOCK = 1 << 18          # elements: 1 MiB of float32, fits a core's L2 with its scratch
 _RELEASE_BYTES = 32 << 20
@@ -191,13 +194,3 @@ def stats_of(acc: Acc, count: int, kind_name: str, shape: tuple[int, ...], *, na
         min=float(acc.mn) if has else None, max=float(acc.mx) if has else None,
         mean=mean, l2norm=l2, abs_mean=abs_mean, zero_fraction=(acc.zeros / count) if count else None,
         fp16_saturated=acc.sat, step=step, rank=rank, path=path)
-
-
-def scan_file_npy(path: str, *, dtype: str | None = None, name: str = "", io: str = "",
-                  index: int = 0, block_elems: int = DEFAULT_BLOCK, threads: int = 1) -> TensorStats:
-    """Scan a .npy file in bounded chunks (agent/dumps/windows.py): never mapped or loaded whole."""
-    from .npy import read_npy
-    from .windows import scan_region
-    region = read_npy(path).region()  # type: ignore[misc]
-    return scan_region(region, dtype=dtype, name=name, io=io, index=index, block_elems=block_elems,
-                       threads=threads, path=str(path))

@@ -118,6 +118,17 @@ def test_scan_bench_reports_same_run_ratios():
     assert res["sum_s"] > 0 and res["scan_f32_s"] > 0 and res["peak_rss_mb"] > 0
     assert abs(res["ratios"]["f32_to_sum"] - res["sum_s"] / res["scan_f32_s"]) < 1e-12
     assert "ratio" in scan.report(res) or "goal" in scan.report(res)
+    # the real command against numpy's mmap sum of the same cached file, both net of start-up
+    row = res["cli_vs_numpy"]
+    assert row["ratio"] == row["net_s"]["numpy"] / row["net_s"]["agent"]
+    assert set(row["net_s"]) == {"agent", "agent_map", "numpy"} and row["peak_rss_mb"]["agent"] > 0
+    assert "numpy mmap sum" in scan.report(res)
+
+
+def test_scan_bench_cli_only_row(tmp_path):
+    assert scan.main(["--cli-only", "--file-mib", "8", "--repeat", "1", "--results-dir", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "scan.json").read_text())
+    assert res["params"]["cli_only"] and res["cli_vs_numpy"]["file_bytes"] > 8 << 20
 
 
 def test_compare_main_writes_result(tmp_path):

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from precision_agent import kernels
-from precision_agent.dumps.scanner import FP16_MAX, ROW, scan_array, scan_file_npy
+from precision_agent.dumps.scanner import FP16_MAX, ROW, scan_array
+from precision_agent.dumps.windows import scan_file_npy
 from support.numerics import F32_TOL, F64_TOL, check, reference, tol_for
 
 IN_CI = os.environ.get("CI") == "true"
