@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
@@ -153,14 +153,21 @@ class LossScaleDetector(Detector[LossScaleParams]):
         return frozenset({LOSS_SCALE})
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
+        return self.observer()(sample, series)
+
+    def observer(self) -> Callable[[Sample, SeriesState], Hit | Clear | None]:
+        """The condition's own method, without ``observe``'s dispatch (unless ``observe`` was
+        replaced: then that is what is asked)."""
+        if type(self).observe is not _OBSERVE:
+            return self.observe
         cond = self.params.condition
         if cond == "floor":
-            return self._floor(sample, series)
+            return self._floor
         if cond == "overflow_ratio":
-            return self._overflow_ratio(sample, series)
+            return self._overflow_ratio
         if cond == "collapse":
-            return self._collapse(sample, series)
-        return self._trajectory(sample, series)
+            return self._collapse
+        return self._trajectory
 
     # -- floor -----------------------------------------------------------------------------------
     def _floor(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
@@ -390,6 +397,9 @@ class LossScaleDetector(Detector[LossScaleParams]):
                    ratio, step, sample.source,
                    {"ratio": round(ratio, 6), "overflow_steps": skipped, "steps": span,
                     "max_overflow_ratio": p.max_overflow_ratio, "loss_scale": series.scale_last})
+
+
+_OBSERVE = LossScaleDetector.observe  # as defined here (a subclass or a test may replace it)
 
 
 def judged_at_floor(series: SeriesState) -> bool:
