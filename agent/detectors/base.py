@@ -69,6 +69,13 @@ class Detector(abc.ABC, Generic[P]):
         ``observe`` itself, or the part of it this instance's parameters always take."""
         return self.observe
 
+    def once_per_record(self, metric: str) -> bool:
+        """Whether, once this rule observed a sample of a record (one line's values: the same
+        source and step, in one ``Pipeline.process`` call, no restart in between), another
+        sample of ``metric`` of that record would change nothing and answer None: the pipeline
+        then skips it. False (every sample observed) unless a kind proves otherwise."""
+        return False
+
     def tick(self, now: float, series: SeriesState) -> Hit | Clear | None:
         """Judge ``series`` when no sample arrived (e.g. "no new step for 10 minutes").
         Called every evaluation interval for each series the rule matches; most kinds need

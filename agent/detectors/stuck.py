@@ -56,8 +56,9 @@ class _Track:
             cache = self._sorted = (self.values, len(vals), sorted(vals[:-window]), sorted(vals[-window:]))
         return cache[2], cache[3]
 
-    def add(self, v: float, window: int) -> None:
-        """Append ``v``, keeping at most ``2 * window`` values and the sorted windows in step."""
+    def add(self, v: float, window: int) -> tuple[list[float], list[float]]:
+        """Append ``v``, keeping at most ``2 * window`` values and the sorted windows in step;
+        returns them (``sorted_windows``)."""
         before, recent = self.sorted_windows(window)
         values = self.values
         values.append(v)
@@ -70,6 +71,7 @@ class _Track:
                 y = values.popleft()
                 del before[bisect_left(before, y)]
         self._sorted = (values, len(values), before, recent)
+        return before, recent
 
 
 def _median(s: list[float]) -> float:
@@ -100,11 +102,9 @@ class StuckDetector(Detector[StuckParams]):
         if not math.isfinite(v):
             return None
         t = self._tracks.get(sample.labels)
-        t.add(v, p.window)
-        n = len(t.values)
-        if n < p.window + p.min_before:
+        before, recent = t.add(v, p.window)
+        if len(t.values) < p.window + p.min_before:
             return None
-        before, recent = t.sorted_windows(p.window)
         low_before, high_recent = before[0], recent[-1]
         if low_before > 0 and high_recent >= 0 and 1 - high_recent / low_before > p.min_improvement:
             # every recent value is below every earlier one by more than the threshold: the medians

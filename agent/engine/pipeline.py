@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Protocol
 from .alerts import AlertBook
 from ..detectors import Clear, Detector, Hit
 from ..detectors.base import slots_of
-from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample
+from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample, SourcePos
 from .rulefile import Rule, RuleSet
 from ..series.state import SeriesState
 
@@ -49,6 +49,9 @@ class StateChanges:
         return self.pending
 
 
+# one rule of a series' table: the rule, its detector's observer, its bit where a record's first
+# sample of the metric is all it needs (Detector.once_per_record), else 0
+Entry = tuple[Rule, Callable[[Sample, SeriesState], Any], int]
 DISPATCH_MAX = 1 << 14  # series whose rule tables are kept before the cache starts over
 
 
@@ -82,7 +85,8 @@ class Pipeline:
         with self.lock:
             self.rules = rules
             # labels -> metric -> the rules that judge it (``_add``)
-            self._tables: dict[Labels, dict[str, tuple[tuple[Rule, Callable[..., Any]], ...]]] = {}
+            self._tables: dict[Labels, dict[str, tuple[Entry, ...]]] = {}
+            self._bits = {id(r): 1 << i for i, r in enumerate(rules.rules)}
             self._rules_by_name = {r.name: r for r in rules.rules}
             # only kinds that override tick() are asked every evaluation interval
             self._tick_rules = [r for r in rules.rules if type(r.detector).tick is not Detector.tick]
@@ -185,14 +189,17 @@ class Pipeline:
     def process(self, samples: Iterable[Sample]) -> list[Finding]:
         """Judge ``samples`` in order. The hot loop of a backlog: a run of samples of one series
         (the values of a record, the records of a file) finds its series and its table of rules
-        once, and each rule's ``observe`` is called through the table (``_table_for``)."""
+        once (``_table_for``), and a rule that needs one sample of a record
+        (``Detector.once_per_record``) observes only the first it is given."""
         out: list[Finding] = []
         with self.lock:
             tables = self._tables
             on_accepted = self.on_accepted
             cur: Labels | None = None  # the labels object of the series in hand
             series: SeriesState | None = None
-            table: dict[str, tuple[tuple[Rule, Callable[..., Any]], ...]] = {}
+            table: dict[str, tuple[Entry, ...]] = {}
+            rec: tuple[SourcePos | None, int | None] = (None, None)  # the record in hand: line, step
+            done = 0  # bits of the once-per-record rules that observed a sample of it
             for sample in samples:
                 metric = sample.metric
                 if metric in HINT_METRICS:
@@ -200,28 +207,36 @@ class Pipeline:
                     continue
                 labels = sample.labels
                 if metric in UNSERIED_METRICS:  # reader health, host faults: judged, no series kept
-                    one = SeriesState(labels)
-                    self._judge(sample, one, self._rules(labels, metric), out)
+                    self._judge(sample, SeriesState(labels), self._rules(labels, metric), out)
                     continue
                 if labels is not cur:  # (the same object again: already the most recent, already dirty)
                     series = self.series_for(labels)
                     self.dirty_series.add(labels)
                     cur = labels
                     table = tables.get(labels) or self._table_for(labels)
+                    rec = (None, None)
                 attempt = series.attempt
                 accepted_samples = series.ingest(sample)
                 if series.attempt != attempt:
                     self._new_attempt(labels, sample.time)
+                    rec = (None, None)
                 for accepted in accepted_samples:
                     if on_accepted is not None:
                         on_accepted(accepted, series)
-                    if accepted.labels is labels:
-                        rules = table.get(accepted.metric)
-                        if rules is None:
-                            rules = self._add(labels, accepted.metric)
-                    else:
-                        rules = self._rules(accepted.labels, accepted.metric)
-                    for rule, observe in rules:  # _judge, inline: once per value and rule
+                    if accepted.labels is not labels:  # not the series' own labels: every rule, no table
+                        self._judge(accepted, series, self._rules(accepted.labels, accepted.metric), out)
+                        continue
+                    rules = table.get(accepted.metric)
+                    if rules is None:
+                        rules = self._add(labels, accepted.metric)
+                    src = accepted.source
+                    if src is not rec[0] or accepted.step != rec[1] or src is None:
+                        rec, done = (src, accepted.step), 0
+                    for rule, observe, bit in rules:  # _judge, inline: once per value and rule
+                        if bit:
+                            if done & bit:
+                                continue  # it saw this record already: another value changes nothing
+                            done |= bit
                         try:
                             signal = observe(accepted, series)
                         except Exception as exc:  # one broken rule must not stop the others
@@ -231,10 +246,9 @@ class Pipeline:
                             self._signals(rule, signal, accepted.time, out)
         return out
 
-    def _judge(self, sample: Sample, series: SeriesState, rules: tuple[tuple[Rule, Callable[..., Any]], ...],
-               out: list[Finding]) -> None:
+    def _judge(self, sample: Sample, series: SeriesState, rules: tuple[Entry, ...], out: list[Finding]) -> None:
         """Every rule of ``rules`` observes one accepted sample; their findings go to ``out``."""
-        for rule, observe in rules:
+        for rule, observe, _bit in rules:
             try:
                 signal = observe(sample, series)
             except Exception as exc:  # one broken rule must not stop the others
@@ -250,9 +264,9 @@ class Pipeline:
             if f is not None:
                 out.append(f)
 
-    def _table_for(self, labels: Labels) -> dict[str, tuple[tuple[Rule, Callable[..., Any]], ...]]:
-        """The series' table: metric -> the rules that judge it, with their ``observe`` (the
-        rules' matchers are asked once per series and metric)."""
+    def _table_for(self, labels: Labels) -> dict[str, tuple[Entry, ...]]:
+        """The series' table: metric -> the rules that judge it (``_add``); the rules' matchers
+        are asked once per series and metric."""
         table = self._tables.get(labels)
         if table is None:
             if len(self._tables) >= DISPATCH_MAX:
@@ -260,13 +274,16 @@ class Pipeline:
             table = self._tables[labels] = {}
         return table
 
-    def _rules(self, labels: Labels, metric: str) -> tuple[tuple[Rule, Callable[..., Any]], ...]:
+    def _rules(self, labels: Labels, metric: str) -> tuple[Entry, ...]:
         rules = self._table_for(labels).get(metric)
         return rules if rules is not None else self._add(labels, metric)
 
-    def _add(self, labels: Labels, metric: str) -> tuple[tuple[Rule, Callable[..., Any]], ...]:
+    def _add(self, labels: Labels, metric: str) -> tuple[Entry, ...]:
+        """Each rule that judges ``metric`` of the series, with its detector's observer and, where
+        one sample of a record is all it needs of this metric, its own bit (else 0)."""
         rules = self._table_for(labels)[metric] = tuple(
-            (r, r.detector.observer()) for r in self.rules.rules_for(metric) if r.matches(labels))
+            (r, r.detector.observer(), self._bits[id(r)] if r.detector.once_per_record(metric) else 0)
+            for r in self.rules.rules_for(metric) if r.matches(labels))
         return rules
 
     def _detector_failed(self, rule: Rule, exc: Exception) -> None:
