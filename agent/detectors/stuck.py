@@ -59,8 +59,12 @@ class _Track:
     def add(self, v: float, window: int) -> tuple[list[float], list[float]]:
         """Append ``v``, keeping at most ``2 * window`` values and the sorted windows in step;
         returns them (``sorted_windows``)."""
-        before, recent = self.sorted_windows(window)
         values = self.values
+        cache = self.__dict__.get("_sorted")
+        if cache is not None and cache[0] is values and cache[1] == len(values):
+            before, recent = cache[2], cache[3]
+        else:
+            before, recent = self.sorted_windows(window)
         values.append(v)
         insort(recent, v)  # after equal values: the newest of them
         if len(values) > window:

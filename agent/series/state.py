@@ -142,7 +142,7 @@ class SeriesState(OverflowAccounting):
         elif s.metric == TRAINING_END:
             self.finished, self.finished_at = True, s.time
     # -- ingestion -------------------------------------------------------------------------
-    def ingest(self, s: Sample) -> list[Sample]:
+    def ingest(self, s: Sample) -> list[Sample] | tuple[Sample]:
         """Update the state with one sample; return the samples detectors should judge.
 
         Duplicates return []; a skip counter returns the overflow steps it adds, if any.
@@ -221,6 +221,8 @@ class SeriesState(OverflowAccounting):
                                                       or s.producer in APPLIED_GRAD_NORM_PRODUCERS):
                 self.first_nonfinite_step = s.step if s.step is not None else self.last_step
                 self.first_nonfinite_time = s.log_time if s.log_time is not None else s.time
+        if not out:
+            return (s,)  # the common case: the value itself, nothing the record proved besides
         out.append(s)
         return out
 
