@@ -160,14 +160,8 @@ class LossScaleDetector(Detector[LossScaleParams]):
         replaced: then that is what is asked)."""
         if type(self).observe is not _OBSERVE:
             return self.observe
-        cond = self.params.condition
-        if cond == "floor":
-            return self._floor
-        if cond == "overflow_ratio":
-            return self._overflow_ratio
-        if cond == "collapse":
-            return self._collapse
-        return self._trajectory
+        return {"floor": self._floor, "overflow_ratio": self._overflow_ratio,
+                "collapse": self._collapse}.get(self.params.condition, self._trajectory)
 
     def once_per_record(self, metric: str) -> bool:
         # overflow_ratio judges a step once: the record's other values (its step, or the series'

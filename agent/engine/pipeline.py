@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Protocol
 from .alerts import AlertBook
 from ..detectors import Clear, Detector, Hit
 from ..detectors.base import slots_of
-from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample, SourcePos
+from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample, SourcePos, gc_paused
 from .rulefile import Rule, RuleSet
 from ..series.state import SeriesState
 
@@ -192,7 +192,7 @@ class Pipeline:
         once (``_table_for``), and a rule that needs one sample of a record
         (``Detector.once_per_record``) observes only the first it is given."""
         out: list[Finding] = []
-        with self.lock:
+        with self.lock, gc_paused():
             tables = self._tables
             on_accepted = self.on_accepted
             cur: Labels | None = None  # the labels object of the series in hand
