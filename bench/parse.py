@@ -6,9 +6,10 @@ same file read as a user-defined ``format: custom`` (a ``pattern`` for these lin
 every user regex is: agent/config/regex.py), for the cost of the user's regex against the built-in
 parser.
 
-Goals (issue 13, catch-up speed): the reader alone at least 150k lines/s, the whole pipeline
-(series state and the shipped rules) at least 50k lines/s; the ratio to the plain loop is shown
-for reference (no compiled reader: decided in issue 13).
+Goals (issues 13 and 21, catch-up speed): the reader alone at least 150k lines/s, the whole
+pipeline (series state and the shipped rules) at least 100k lines/s, 50k at the least; the ratio
+to the plain loop is shown for reference (no compiled reader: decided in issue 13). The pipeline's
+own part (the whole less the reader) is reported too: it is what the rules cost per line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 from . import common
 
 GOAL_LINES_PER_S = 150_000           # reader + parsers + samples
-GOAL_PIPELINE_LINES_PER_S = 50_000   # + series state + shipped rules
+GOAL_PIPELINE_LINES_PER_S = 100_000  # + series state + shipped rules (issue 21)
+MIN_PIPELINE_LINES_PER_S = 50_000    # ... at the least (issue 13)
 # what a user writes for these lines (README, `pattern`): the four values the built-in parser reads
 CUSTOM_PATTERN = (r"iteration\s+(?P<step>\d+)/\s*\d+ \|.*?learning rate: (?P<lr>\S+) \|.*?lm loss: (?P<loss>\S+) \|"
                   r".*?loss scale: (?P<loss_scale>\S+) \|.*?grad norm: (?P<grad_norm>\S+) \|")
@@ -112,11 +114,14 @@ def run(lines: int = 500_000, repeat: int = 3) -> dict[str, Any]:
         "params": {"lines": lines, "bytes": size, "repeat": repeat},
         "plain_loop_s": t_plain, "tail_s": t_tail, "parsers_s": t_parsers, "parse_s": t_parse, "pipeline_s": t_full, "samples": samples[0],
         "parse_lines_per_s": lines / t_parse, "pipeline_lines_per_s": lines / t_full,
+        # the series state and rules alone: the whole pipeline's time less the reader's
+        "pipeline_part_lines_per_s": lines / max(t_full - t_parse, 1e-9),
         "custom_s": t_custom, "custom_samples": custom_samples[0], "custom_lines_per_s": lines / t_custom,
         "parse_mb_per_s": size / t_parse / 1e6,
         "ratios": {"parse_to_plain": t_parse / t_plain, "tail_to_plain": t_tail / t_plain,
                    "goal_lines_per_s": GOAL_LINES_PER_S / (lines / t_parse),
-                   "goal_pipeline_lines_per_s": GOAL_PIPELINE_LINES_PER_S / (lines / t_full)},
+                   "goal_pipeline_lines_per_s": GOAL_PIPELINE_LINES_PER_S / (lines / t_full),
+                   "min_pipeline_lines_per_s": MIN_PIPELINE_LINES_PER_S / (lines / t_full)},
     }
 
 
@@ -129,13 +134,17 @@ def report(res: dict[str, Any]) -> str:
         f"({res['parse_lines_per_s']:,.0f} lines/s, {res['parse_mb_per_s']:.1f} MB/s, {res['samples']} samples)",
         f"  of which tailer + parsers (no samples) {res['parsers_s']:.3f} s, samples and copy filter"
         f" {res['parse_s'] - res['parsers_s']:.3f} s",
-        f"  with series state and shipped rules: {res['pipeline_s']:.3f} s ({res['pipeline_lines_per_s']:,.0f} lines/s)",
+        f"  with series state and shipped rules: {res['pipeline_s']:.3f} s ({res['pipeline_lines_per_s']:,.0f} lines/s;"
+        f" series state and rules alone {res['pipeline_s'] - res['parse_s']:.3f} s,"
+        f" {res['pipeline_part_lines_per_s']:,.0f} lines/s)",
         f"  read as format: custom (a user pattern on RE2): {res['custom_s']:.3f} s "
         f"({res['custom_lines_per_s']:,.0f} lines/s, {res['custom_samples']} samples)",
         f"  reader vs goal >= {GOAL_LINES_PER_S:,} lines/s: ratio goal/measured {r['goal_lines_per_s']:.2f}"
         f" ({'within goal' if r['goal_lines_per_s'] <= 1 else 'BELOW GOAL'})",
         f"  pipeline vs goal >= {GOAL_PIPELINE_LINES_PER_S:,} lines/s: ratio goal/measured "
-        f"{r['goal_pipeline_lines_per_s']:.2f} ({'within goal' if r['goal_pipeline_lines_per_s'] <= 1 else 'BELOW GOAL'})",
+        f"{r['goal_pipeline_lines_per_s']:.2f} ({'within goal' if r['goal_pipeline_lines_per_s'] <= 1 else 'BELOW GOAL'});"
+        f" vs >= {MIN_PIPELINE_LINES_PER_S:,} at the least: {r['min_pipeline_lines_per_s']:.2f}"
+        f" ({'met' if r['min_pipeline_lines_per_s'] <= 1 else 'NOT MET'})",
         f"  time vs plain loop: {r['parse_to_plain']:.1f}x (for reference)",
     ])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from collections import OrderedDict
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Callable, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -63,6 +63,18 @@ class Detector(abc.ABC, Generic[P]):
     @abc.abstractmethod
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | list[Hit | Clear] | None:
         """Judge one accepted sample of ``series``."""
+
+    def observer(self) -> Callable[[Sample, SeriesState], Hit | Clear | list[Hit | Clear] | None]:
+        """The callable the pipeline calls for each sample (once looked up per series and metric):
+        ``observe`` itself, or the part of it this instance's parameters always take."""
+        return self.observe
+
+    def once_per_record(self, metric: str) -> bool:
+        """Whether, once this rule observed a sample of a record (one line's values: the same
+        source and step, in one ``Pipeline.process`` call, no restart in between), another
+        sample of ``metric`` of that record would change nothing and answer None: the pipeline
+        then skips it. False (every sample observed) unless a kind proves otherwise."""
+        return False
 
     def tick(self, now: float, series: SeriesState) -> Hit | Clear | None:
         """Judge ``series`` when no sample arrived (e.g. "no new step for 10 minutes").

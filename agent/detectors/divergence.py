@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -80,26 +81,29 @@ class DivergenceDetector(Detector[DivergenceParams]):
         if not math.isfinite(v):
             return None
         t = self._tracks.get(sample.labels)
-        t.values.append(v)
-        while len(t.values) > max(p.rises + 1, p.window):
-            t.values.popleft()
-        vals = list(t.values)
+        values = t.values
+        values.append(v)
+        n = len(values)
+        rises, window = p.rises, p.window
+        while n > rises + 1 and n > window:
+            values.popleft()
+            n -= 1
         evidence: dict | None = None
-        if len(vals) >= p.rises + 1:
-            run = vals[-(p.rises + 1):]
+        # the rise check needs the last value above the one before it (most reports: not)
+        if n >= rises + 1 and v > values[-2]:
+            run = list(values)[-(rises + 1):]
             if all(b > a for a, b in zip(run, run[1:])) and self._enough(run[0], run[-1]):
-                evidence = {"check": "rise", "from": run[0], "to": run[-1], "reports": p.rises}
-        if evidence is None and p.window and len(vals) >= p.window:
-            win = vals[-p.window:]
-            third = p.window // 3
-            head, tail = win[:third], win[-third:]
+                evidence = {"check": "rise", "from": run[0], "to": run[-1], "reports": rises}
+        if evidence is None and window and n >= window:
+            third = window // 3
+            # the values' deque holds max(rises + 1, window) values: the window is its last ``window``
+            head = list(islice(values, n - window, n - window + third))
+            tail = list(islice(values, n - third, n))
             # the medians lie within [min(head), max(tail)]: no rise there, no rise of the medians
-            if max(tail) - min(head) < p.min_delta:
-                first = last = None
-            else:
+            if max(tail) - min(head) >= p.min_delta:
                 first, last = statistics.median(head), statistics.median(tail)
-            if first is not None and self._enough(first, last):
-                evidence = {"check": "trend", "from": first, "to": last, "reports": p.window}
+                if self._enough(first, last):
+                    evidence = {"check": "trend", "from": first, "to": last, "reports": window}
         if evidence is None:
             t.peak = None
             return None

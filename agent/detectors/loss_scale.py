@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
@@ -153,14 +153,20 @@ class LossScaleDetector(Detector[LossScaleParams]):
         return frozenset({LOSS_SCALE})
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
-        cond = self.params.condition
-        if cond == "floor":
-            return self._floor(sample, series)
-        if cond == "overflow_ratio":
-            return self._overflow_ratio(sample, series)
-        if cond == "collapse":
-            return self._collapse(sample, series)
-        return self._trajectory(sample, series)
+        return self.observer()(sample, series)
+
+    def observer(self) -> Callable[[Sample, SeriesState], Hit | Clear | None]:
+        """The condition's own method, without ``observe``'s dispatch (unless ``observe`` was
+        replaced: then that is what is asked)."""
+        if type(self).observe is not _OBSERVE:
+            return self.observe
+        return {"floor": self._floor, "overflow_ratio": self._overflow_ratio,
+                "collapse": self._collapse}.get(self.params.condition, self._trajectory)
+
+    def once_per_record(self, metric: str) -> bool:
+        # overflow_ratio judges a step once: the record's other values (its step, or the series'
+        # last step for them all) find it judged; an overflow event is always counted
+        return self.params.condition == "overflow_ratio" and metric != OVERFLOW
 
     # -- floor -----------------------------------------------------------------------------------
     def _floor(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
@@ -176,13 +182,12 @@ class LossScaleDetector(Detector[LossScaleParams]):
                 return self._floor_hit(sample, series, series.scale_last, t.floor, t.floor_source)
             return None
         floor, source = self.floor_for(sample)
+        t = self._tracks.get(sample.labels)
         if self.params.floor == "auto":
-            t = self._tracks.get(sample.labels)
             if t.announcing:
                 t.announcing, t.announced = False, sample.value
             if t.announced is not None and t.announced > floor:
                 floor, source = t.announced, "announced by the producer"
-        t = self._tracks.get(sample.labels)
         t.floor, t.floor_source = floor, source
         if sample.value <= floor and judged_at_floor(series):
             t.active = True
@@ -224,7 +229,7 @@ class LossScaleDetector(Detector[LossScaleParams]):
         if not math.isfinite(value):
             return None
         t = self._tracks.get(sample.labels)
-        frm = sample.attr("frm")
+        frm = sample.attr("frm") if sample.attrs else None
         prev = t.last
         if frm is not None and prev is not None and frm > prev:
             t.backoffs, t.run_from = 0, frm  # grew silently between two messages
@@ -355,13 +360,15 @@ class LossScaleDetector(Detector[LossScaleParams]):
 
     # -- overflow ratio --------------------------------------------------------------------------
     def _overflow_ratio(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
-        p = self.params
-        step = step_of(sample, series)
+        step = sample.step  # step_of, inline: asked for every value of every record
         if step is None:
-            return None  # a ratio over steps needs step numbers
+            step = series.last_step
+            if step is None:
+                return None  # a ratio over steps needs step numbers
         t = self._tracks.get(sample.labels)
-        if sample.metric != OVERFLOW and step == t.judged_step:
+        if step == t.judged_step and sample.metric != OVERFLOW:
             return None  # another value of a step already judged: the ratio is the same
+        p = self.params
         t.judged_step = step
         if self._warm(t, step, series):
             return None
@@ -390,6 +397,9 @@ class LossScaleDetector(Detector[LossScaleParams]):
                    ratio, step, sample.source,
                    {"ratio": round(ratio, 6), "overflow_steps": skipped, "steps": span,
                     "max_overflow_ratio": p.max_overflow_ratio, "loss_scale": series.scale_last})
+
+
+_OBSERVE = LossScaleDetector.observe  # as defined here (a subclass or a test may replace it)
 
 
 def judged_at_floor(series: SeriesState) -> bool:

@@ -139,23 +139,22 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
         """A zero loss and a non-finite grad norm from the same report (same step, or the same
         line where the report has no step), in either order."""
         t = self._streaks.get(sample.labels)
-        src = sample.source
-        # a string, so the detector memory can store it (agent/store/memory.py: scalars only)
-        here = f"{sample.step}|{src.path if src else ''}|{src.line if src and sample.step is None else -1}"
         if sample.metric == LOSS:
-            t.zero_loss_at = here if sample.value == 0.0 else None
-            if t.zero_loss_at is None:
+            if sample.value != 0.0:
+                t.zero_loss_at = None
                 t.pairs = 0  # a report with a non-zero loss ends a run of hidden-NaN reports
                 return None
+            here = t.zero_loss_at = _report(sample)
             if t.bad_norm_at != here:
                 return None
             norm, loss_sample = t.bad_norm, sample
         else:
-            t.bad_norm_at = None if math.isfinite(sample.value) else here
             t.bad_norm = sample.value
-            if t.bad_norm_at is None:
+            if math.isfinite(sample.value):
+                t.bad_norm_at = None
                 t.pairs = 0  # a finite grad norm ends it too
                 return None
+            here = t.bad_norm_at = _report(sample)
             if t.zero_loss_at != here:
                 return None
             norm, loss_sample = sample.value, sample
@@ -172,6 +171,13 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
                    {"metric": LOSS, "value": "0 (hidden non-finite)", "grad_norm": repr(norm),
                     "hidden_by": "logging_nan_inf_filter", "reports_in_a_row": t.pairs,
                     "loss_scaling": scaling})
+
+
+def _report(sample: Sample) -> str:
+    """Which report a sample belongs to: its step, or its line where it has no step (a string,
+    so the detector memory can store it: agent/store/memory.py keeps scalars only)."""
+    src = sample.source
+    return f"{sample.step}|{src.path if src else ''}|{src.line if src and sample.step is None else -1}"
 
 
 class _Streak:

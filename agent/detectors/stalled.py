@@ -69,6 +69,11 @@ class StalledDetector(Detector[StalledParams]):
             return Clear(sample.labels)
         return None
 
+    def once_per_record(self, metric: str) -> bool:
+        # the first value of a record clears (record: any; step: one that advanced the step) and
+        # leaves the track neither active nor expired; only tick() changes that again
+        return True
+
     def tick(self, now: float, series: SeriesState) -> Hit | Clear | None:
         p = self.params
         if series.last_step is None or not (self.metrics & series.last.keys()

@@ -20,7 +20,7 @@ A state kind: hits when the run becomes stuck, clears when the level improves ag
 from __future__ import annotations
 
 import math
-import statistics
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -45,6 +45,47 @@ class _Track:
     values: deque = field(default_factory=deque)
     active: bool = False
 
+    def sorted_windows(self, window: int) -> tuple[list[float], list[float]]:
+        """The values before the last ``window`` and the last ``window``, each sorted (ties in
+        the order they came, as ``sorted`` of the window keeps them). Kept up to date by
+        ``add`` as the values slide; rebuilt when ``values`` is not the deque they were made
+        from (a track restored from the state store). Not fields: never persisted."""
+        cache = self.__dict__.get("_sorted")
+        if cache is None or cache[0] is not self.values or cache[1] != len(self.values):
+            vals = list(self.values)
+            cache = self._sorted = (self.values, len(vals), sorted(vals[:-window]), sorted(vals[-window:]))
+        return cache[2], cache[3]
+
+    def add(self, v: float, window: int) -> tuple[list[float], list[float]]:
+        """Append ``v``, keeping at most ``2 * window`` values and the sorted windows in step;
+        returns them (``sorted_windows``)."""
+        values = self.values
+        cache = self.__dict__.get("_sorted")
+        if cache is not None and cache[0] is values and cache[1] == len(values):
+            before, recent = cache[2], cache[3]
+        else:
+            before, recent = self.sorted_windows(window)
+        values.append(v)
+        insort(recent, v)  # after equal values: the newest of them
+        if len(values) > window:
+            x = values[-window - 1]  # the oldest recent value moves to the values before
+            del recent[bisect_left(recent, x)]  # the first of equal values: the oldest
+            insort(before, x)
+            while len(values) > 2 * window:
+                y = values.popleft()
+                del before[bisect_left(before, y)]
+        self._sorted = (values, len(values), before, recent)
+        return before, recent
+
+
+def _median(s: list[float]) -> float:
+    """``statistics.median`` of an already sorted, non-empty list (the same arithmetic)."""
+    n = len(s)
+    if n % 2 == 1:
+        return s[n // 2]
+    i = n // 2
+    return (s[i - 1] + s[i]) / 2
+
 
 class StuckDetector(Detector[StuckParams]):
     kind = "stuck"
@@ -65,20 +106,16 @@ class StuckDetector(Detector[StuckParams]):
         if not math.isfinite(v):
             return None
         t = self._tracks.get(sample.labels)
-        t.values.append(v)
-        while len(t.values) > 2 * p.window:
-            t.values.popleft()
+        before, recent = t.add(v, p.window)
         if len(t.values) < p.window + p.min_before:
             return None
-        vals = list(t.values)
-        recent, before = vals[-p.window:], vals[:-p.window]
-        low_before, high_recent = min(before), max(recent)
+        low_before, high_recent = before[0], recent[-1]
         if low_before > 0 and high_recent >= 0 and 1 - high_recent / low_before > p.min_improvement:
             # every recent value is below every earlier one by more than the threshold: the medians
-            # can only say "improving" (the common case of a falling loss; no sorting needed)
+            # can only say "improving" (the common case of a falling loss)
             improvement = p.min_improvement + 1.0
         else:
-            ref, now = statistics.median(before), statistics.median(recent)
+            ref, now = _median(before), _median(recent)
             if ref == 0:
                 return None
             improvement = (ref - now) / abs(ref)

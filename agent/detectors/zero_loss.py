@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..model import EVAL_LOSS, LOSS, Sample
+from ..model import EVAL_LOSS, LOSS, Labels, Sample
 from ..series.state import SeriesState
 from .base import Clear, Detector, Hit, Params
 from .base import PerSeries, step_of
@@ -48,6 +48,9 @@ class ZeroLossDetector(Detector[ZeroLossParams]):
     def __init__(self, params: ZeroLossParams) -> None:
         super().__init__(params)
         self._tracks: PerSeries[_Track] = PerSeries(_Track)
+        # the alert labels of the last (series labels, metric) seen, reused while they repeat
+        self._key: tuple[Labels | None, str] = (None, "")
+        self._keyed: Labels = ()
 
     def wanted_metrics(self) -> frozenset[str]:
         return frozenset(self.params.metrics)
@@ -55,7 +58,12 @@ class ZeroLossDetector(Detector[ZeroLossParams]):
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
         if not math.isfinite(sample.value):
             return None  # NaN/Inf belongs to nonfinite and neither starts nor ends a zero run
-        labels = sample.labels + (("metric", sample.metric),)
+        key = (sample.labels, sample.metric)
+        if key[0] is self._key[0] and key[1] == self._key[1]:
+            labels = self._keyed  # the same tuple as last time: PerSeries finds it at once
+        else:
+            labels = self._keyed = sample.labels + (("metric", sample.metric),)
+            self._key = key
         t = self._tracks.get(labels)
         step = step_of(sample, series)
         if abs(sample.value) > self.params.tolerance:

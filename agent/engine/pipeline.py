@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Protocol
 from .alerts import AlertBook
 from ..detectors import Clear, Detector, Hit
 from ..detectors.base import slots_of
-from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample
+from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample, SourcePos, gc_paused
 from .rulefile import Rule, RuleSet
 from .suspect import SuspectJudge
 from ..series.state import SeriesState
@@ -50,7 +50,10 @@ class StateChanges:
         return self.pending
 
 
-DISPATCH_MAX = 1 << 16  # (metric, series) -> rules entries kept before the cache starts over
+# one rule of a series' table: the rule, its detector's observer, its bit where a record's first
+# sample of the metric is all it needs (Detector.once_per_record), else 0
+Entry = tuple[Rule, Callable[[Sample, SeriesState], Any], int]
+DISPATCH_MAX = 1 << 14  # series whose rule tables are kept before the cache starts over
 
 
 class Pipeline:
@@ -84,7 +87,9 @@ class Pipeline:
     def set_rules(self, rules: RuleSet) -> None:
         with self.lock:
             self.rules = rules
-            self._dispatch: dict[tuple[str, Labels], tuple[Rule, ...]] = {}
+            # labels -> metric -> the rules that judge it (``_add``)
+            self._tables: dict[Labels, dict[str, tuple[Entry, ...]]] = {}
+            self._bits = {id(r): 1 << i for i, r in enumerate(rules.rules)}
             self._rules_by_name = {r.name: r for r in rules.rules}
             # only kinds that override tick() are asked every evaluation interval
             self._tick_rules = [r for r in rules.rules if type(r.detector).tick is not Detector.tick]
@@ -185,50 +190,104 @@ class Pipeline:
                 self.alerts.clear(rule, _alert_labels(labels, rule), now)
 
     def process(self, samples: Iterable[Sample]) -> list[Finding]:
+        """Judge ``samples`` in order. The hot loop of a backlog: a run of samples of one series
+        (the values of a record, the records of a file) finds its series and its table of rules
+        once (``_table_for``), and a rule that needs one sample of a record
+        (``Detector.once_per_record``) observes only the first it is given."""
         out: list[Finding] = []
-        with self.lock:
-            dispatch = self._dispatch
+        with self.lock, gc_paused():
+            tables = self._tables
+            on_accepted = self.on_accepted
+            cur: Labels | None = None  # the labels object of the series in hand
+            series: SeriesState | None = None
+            table: dict[str, tuple[Entry, ...]] = {}
+            rec: tuple[SourcePos | None, int | None] = (None, None)  # the record in hand: line, step
+            done = 0  # bits of the once-per-record rules that observed a sample of it
             for sample in samples:
-                if sample.metric in HINT_METRICS:
+                metric = sample.metric
+                if metric in HINT_METRICS:
                     self._hint(sample)
                     continue
-                if sample.metric in UNSERIED_METRICS:  # reader health, host faults: judged, no series kept
-                    series, accepted_samples = SeriesState(sample.labels), [sample]
+                labels = sample.labels
+                if metric in UNSERIED_METRICS:  # reader health, host faults: judged, no series kept
                     self.suspects.ledger.note(sample)  # device faults, rerun verdicts: suspect.py
-                else:
-                    series = self.series_for(sample.labels)
-                    self.dirty_series.add(sample.labels)
-                    attempt = series.attempt
-                    accepted_samples = series.ingest(sample)
-                    if series.attempt != attempt:
-                        self._new_attempt(series.labels, sample.time)
+                    self._judge(sample, SeriesState(labels), self._rules(labels, metric), out)
+                    continue
+                if labels is not cur:  # (the same object again: already the most recent, already dirty)
+                    series = self.series_for(labels)
+                    self.dirty_series.add(labels)
+                    cur = labels
+                    table = tables.get(labels) or self._table_for(labels)
+                    rec = (None, None)
+                attempt = series.attempt
+                accepted_samples = series.ingest(sample)
+                if series.attempt != attempt:
+                    self._new_attempt(labels, sample.time)
+                    rec = (None, None)
                 for accepted in accepted_samples:
-                    if self.on_accepted is not None:
-                        self.on_accepted(accepted, series)
-                    key = (accepted.metric, accepted.labels)
-                    rules = dispatch.get(key)
+                    if on_accepted is not None:
+                        on_accepted(accepted, series)
+                    if accepted.labels is not labels:  # not the series' own labels: every rule, no table
+                        self._judge(accepted, series, self._rules(accepted.labels, accepted.metric), out)
+                        continue
+                    rules = table.get(accepted.metric)
                     if rules is None:
-                        rules = self._rules_for(key)
-                    for rule in rules:
+                        rules = self._add(labels, accepted.metric)
+                    src = accepted.source
+                    if src is not rec[0] or accepted.step != rec[1] or src is None:
+                        rec, done = (src, accepted.step), 0
+                    for rule, observe, bit in rules:  # _judge, inline: once per value and rule
+                        if bit:
+                            if done & bit:
+                                continue  # it saw this record already: another value changes nothing
+                            done |= bit
                         try:
-                            signal = rule.detector.observe(accepted, series)
+                            signal = observe(accepted, series)
                         except Exception as exc:  # one broken rule must not stop the others
                             self._detector_failed(rule, exc)
                             continue
-                        if signal is None:  # most samples change nothing
-                            continue
-                        # an incident kind may answer several: the incident before ends, a new one opens
-                        for one in signal if isinstance(signal, list) else (signal,):
-                            f = self._signal(rule, one, accepted.time)
-                            if f is not None:
-                                out.append(f)
+                        if signal is not None:  # most samples change nothing
+                            self._signals(rule, signal, accepted.time, out)
         return out
 
-    def _rules_for(self, key: tuple[str, Labels]) -> tuple[Rule, ...]:
-        """The rules that judge a metric of a series (their matchers asked once per series)."""
-        if len(self._dispatch) >= DISPATCH_MAX:
-            self._dispatch.clear()
-        rules = self._dispatch[key] = tuple(r for r in self.rules.rules_for(key[0]) if r.matches(key[1]))
+    def _judge(self, sample: Sample, series: SeriesState, rules: tuple[Entry, ...], out: list[Finding]) -> None:
+        """Every rule of ``rules`` observes one accepted sample; their findings go to ``out``."""
+        for rule, observe, _bit in rules:
+            try:
+                signal = observe(sample, series)
+            except Exception as exc:  # one broken rule must not stop the others
+                self._detector_failed(rule, exc)
+                continue
+            if signal is not None:  # most samples change nothing
+                self._signals(rule, signal, sample.time, out)
+
+    def _signals(self, rule: Rule, signal: Hit | Clear | list[Hit | Clear], now: float, out: list[Finding]) -> None:
+        # an incident kind may answer several: the incident before ends, a new one opens
+        for one in signal if isinstance(signal, list) else (signal,):
+            f = self._signal(rule, one, now)
+            if f is not None:
+                out.append(f)
+
+    def _table_for(self, labels: Labels) -> dict[str, tuple[Entry, ...]]:
+        """The series' table: metric -> the rules that judge it (``_add``); the rules' matchers
+        are asked once per series and metric."""
+        table = self._tables.get(labels)
+        if table is None:
+            if len(self._tables) >= DISPATCH_MAX:
+                self._tables.clear()
+            table = self._tables[labels] = {}
+        return table
+
+    def _rules(self, labels: Labels, metric: str) -> tuple[Entry, ...]:
+        rules = self._table_for(labels).get(metric)
+        return rules if rules is not None else self._add(labels, metric)
+
+    def _add(self, labels: Labels, metric: str) -> tuple[Entry, ...]:
+        """Each rule that judges ``metric`` of the series, with its detector's observer and, where
+        one sample of a record is all it needs of this metric, its own bit (else 0)."""
+        rules = self._table_for(labels)[metric] = tuple(
+            (r, r.detector.observer(), self._bits[id(r)] if r.detector.once_per_record(metric) else 0)
+            for r in self.rules.rules_for(metric) if r.matches(labels))
         return rules
 
     def _detector_failed(self, rule: Rule, exc: Exception) -> None:

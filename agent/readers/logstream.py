@@ -6,35 +6,15 @@ Both therefore read, normalise and parse with exactly the same code.
 
 from __future__ import annotations
 
-import gc
 import time as _time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Mapping
 
-from ..model import Labels, Sample, SourcePos, SourcePosDraft, far_apart, make_labels
+from ..model import Labels, Sample, SourcePos, SourcePosDraft, far_apart, gc_paused, make_labels
 from .parsers import Block, CompositeParser
 from .parsers.base import strip_ansi
 from .tailer import LogTailer, TailPosition, TextBlock
 from .yields import chatter, tail_lines
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Hold the cyclic garbage collector while a batch of lines becomes samples.
-
-    Reading creates several objects per line that all live on (records, samples) and none that
-    form reference cycles, so each collection the allocations trigger (one per 700) finds
-    nothing to free, yet walks every young object: more than a third of the reader's time on a
-    backlog. Reference counting still frees everything as usual; collection resumes after the
-    batch (only if it was enabled: whoever disabled it keeps it disabled)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 DUP_RECORDS = 32  # how many lines after the original a copy is still recognised
@@ -128,7 +108,7 @@ class LogStream:
     def _samples(self, blocks: list[TextBlock], now: float | None) -> list[Sample]:
         if not blocks:
             return []
-        with _gc_paused():
+        with gc_paused():
             return self._read_blocks(blocks, now)
 
     def _read_blocks(self, blocks: list[TextBlock], now: float | None) -> list[Sample]:

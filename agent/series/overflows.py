@@ -61,7 +61,9 @@ class OverflowAccounting:
         return [self._event(s, extra, "counter")] if extra else []
 
     def _scale(self, s: Sample, out: list[Sample]) -> bool:
-        frm = s.attr("frm")
+        attrs = s.attrs  # mostly none: a value from a periodic report
+        frm = s.attr("frm") if attrs else None
+        decrease = s.attr("decrease") if attrs else None
         backoffs = 0
         if frm is not None:
             lt = self._last_transition
@@ -71,13 +73,13 @@ class OverflowAccounting:
             self._last_transition = (frm, s.value, s.log_time)
             self._progress_since_transition = False
             backoffs += self._observe_scale(frm)
-        elif s.attr("decrease") and self.scale_last is None:
+        elif decrease and self.scale_last is None:
             # "reducing loss scale to X" with no earlier value seen: the message itself
             # proves a decrease happened (apex, fairseq, torch_npu print only the new value)
             self.scale_decreases += 1
             backoffs += 1
         regrown = False
-        if s.attr("decrease") and self._pending_skip:
+        if decrease and self._pending_skip:
             self._pending_skip = False  # the skip messages before this back-off were its copies
             # a copy of the last back-off message comes without training in between
             regrown = self._progress_since_scale and self.scale_last is not None and s.value >= self.scale_last

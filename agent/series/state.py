@@ -142,7 +142,7 @@ class SeriesState(OverflowAccounting):
         elif s.metric == TRAINING_END:
             self.finished, self.finished_at = True, s.time
     # -- ingestion -------------------------------------------------------------------------
-    def ingest(self, s: Sample) -> list[Sample]:
+    def ingest(self, s: Sample) -> list[Sample] | tuple[Sample]:
         """Update the state with one sample; return the samples detectors should judge.
 
         Duplicates return []; a skip counter returns the overflow steps it adds, if any.
@@ -155,27 +155,33 @@ class SeriesState(OverflowAccounting):
         if s.time > self.last_update:
             self.last_update = s.time
         out: list[Sample] = []
-        if s.producer:
-            self.producer = s.producer
+        producer = s.producer
+        if producer:
+            self.producer = producer
         step = s.step
+        progressed = False  # _progress ran for this sample (a second call would change nothing)
         if step is not None:
+            attrs = s.attrs
             # Overflow messages name the step they failed on; only other records show progress.
-            progress = m != OVERFLOW and (not s.attrs or s.attr("frm") is None)
+            progress = m != OVERFLOW and (not attrs or s.attr("frm") is None)
             ps = self._progress_step
-            if progress and ps is not None and step < ps and s.producer == self._progress_producer:
+            if progress and ps is not None and step < ps and producer == self._progress_producer:
                 ps = self._behind_step(s, step, ps)
-            if self.last_step is None or step > self.last_step:
+            last_step = self.last_step
+            if last_step is None or step > last_step:
                 self.last_step = step
-            if self.first_step is None or step < self.first_step:
+            first_step = self.first_step
+            if first_step is None or step < first_step:
                 self.first_step = step
             if progress and (ps is None or step > ps):
                 if ps is not None:
                     self._step_delta = step - ps
-                self._progress_step, self._progress_producer, self._behind = step, s.producer, 0
+                self._progress_step, self._progress_producer, self._behind = step, producer, 0
                 self.restarting = False
-                if s.attrs:
+                if attrs:
                     self._progress_epoch = s.attr("epoch", self._progress_epoch)
                 self._progress(s, out)
+                progressed = True
         if m == LOSS_SCALE:
             events: list[Sample] = []
             if self._scale(s, events):
@@ -202,11 +208,12 @@ class SeriesState(OverflowAccounting):
                 self._events_since_counter = 0
                 return out
             return out + self._reconcile(s, int(s.value - prev))
-        if m == LOSS:
+        if m == LOSS and not progressed:
             self._progress(s, out)
+        value = s.value
         if m != NONFINITE_MESSAGE:
-            self.last[m] = s.value
-        if m == NONFINITE_MESSAGE or not math.isfinite(s.value):
+            self.last[m] = value
+        if m == NONFINITE_MESSAGE or not math.isfinite(value):
             self.nonfinite[m] = self.nonfinite.get(m, 0) + 1
             if m == GRAD_NORM:
                 self._gradnorm_overflow(s, out)
@@ -214,6 +221,8 @@ class SeriesState(OverflowAccounting):
                                                       or s.producer in APPLIED_GRAD_NORM_PRODUCERS):
                 self.first_nonfinite_step = s.step if s.step is not None else self.last_step
                 self.first_nonfinite_time = s.log_time if s.log_time is not None else s.time
+        if not out:
+            return (s,)  # the common case: the value itself, nothing the record proved besides
         out.append(s)
         return out
 
