@@ -54,7 +54,8 @@ def test_grouping_receivers_and_inhibit_rules_are_as_documented() -> None:
                         'agent_alertname=~"TrainingNonFinite|DumpNonFinite"'), ("job", "run")) in rules
     assert (('alertname="PrecisionAgentDown"',), ('alertname=~"PrecisionAgentNoLogProgress|TrainingStalled"',),
             ("instance",)) in rules
-    assert (('severity=~"page|critical"', 'run=~".+"'), ('severity=~"ticket|warning"',), ("job", "run")) in rules
+    assert (('severity=~"page|critical"', 'run=~".+"', 'suspect!="hardware"'),
+            ('severity=~"ticket|warning"', 'suspect!="hardware"'), ("job", "run")) in rules
     # the names the inhibition relies on exist in the shipped Prometheus and agent rules
     prom = yaml.safe_load((REPO / "exporters" / "prometheus" / "alerts.yml").read_text())
     prom_names = {r.get("alert") for g in prom["groups"] for r in g["rules"]}
@@ -192,6 +193,8 @@ def test_shipped_inhibition_in_a_real_alertmanager(shipped_am: tuple[str, Webhoo
                agent_alertname="TrainingNonFinite", **page),
         _alert("TrainingNonFiniteOrigin", run="r1", instance="h2:19400", rank="9", **page),
         _alert("LossScaleDecreasing", run="r1", instance="h1:19400", rank="0", **ticket),
+        # ... and a hardware suspect's ticket of r1: the owner's page does not silence what infra must hear
+        _alert("DumpDivergence", run="r1", instance="h2:19400", rank="9", suspect="hardware", **ticket),
         # run r2 on the same hosts: its own NaN, no origin yet: pages on its own
         _alert("TrainingNonFinite", run="r2", instance="h1:19400", rank="0", metric="grad_norm", **page),
         _alert("TrainingLossStuck", run="r2", instance="h1:19400", rank="0", severity="warning", job=JOB),
@@ -256,3 +259,5 @@ def test_shipped_inhibition_in_a_real_alertmanager(shipped_am: tuple[str, Webhoo
                       20, "the SuspectHardware notification of h9")
     assert [{a["labels"]["alertname"] for a in p["alerts"]} for p in host] == [{"SuspectHardware"}], host
     assert not notified("/precision-agent/page", "r5"), sink.payloads("/precision-agent/page")
+    r1_infra = wait_until(lambda: notified("/precision-agent/infra", "r1"), 20, "the infra ticket of run r1")
+    assert r1_infra == [{"DumpDivergence"}], r1_infra
