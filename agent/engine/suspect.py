@@ -47,6 +47,7 @@ JUDGED = frozenset({"nonfinite", "divergence", "dump_nonfinite", "dump_overflow"
 LOSS_SCALE_JUDGED = frozenset({"floor", "collapse"})
 DEFAULT_WINDOW_S = 600.0
 RERUN_STEPS = 100  # a rerun verdict up to this many iterations before the incident's step is its own
+RERUN_MAX_AGE_S = 86400.0  # ... and read at most this long before it
 LISTED = 8         # faults and verdicts listed in the evidence, at most each
 
 
@@ -145,7 +146,9 @@ def later(alert: Alert, finding: Finding) -> None:
 
 def _rerun_matches(r: Note, step: int | None, start: float, end: float) -> bool:
     if r.step is not None and step is not None:
-        return step - RERUN_STEPS <= r.step <= step + 1
+        # its iteration, and read within a day of the incident: a run label used again weeks
+        # later (or a watch without labels) does not inherit an old run's verdict
+        return step - RERUN_STEPS <= r.step <= step + 1 and end - RERUN_MAX_AGE_S <= r.read <= end + 1.0
     return not r.stale and start <= r.read <= end
 
 

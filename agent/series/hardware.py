@@ -31,7 +31,8 @@ STALE_S = 15 * 3600.0
 # ... and this much for a stamp that is exact (an offset on the line, or an epoch: ``time_basis`` of
 # the kernel parsers, agent/readers/parsers/kernel_time.py): no zone doubt to allow for
 EXACT_STALE_S = 3600.0
-EXACT_BASES = frozenset({"offset", "epoch"})
+# ("uptime": a raw dmesg / kmsg stamp, seconds since boot, given a wall time by ``_since_boot``)
+EXACT_BASES = frozenset({"offset", "epoch", "uptime"})
 RUN_LESS = frozenset({"rank", "metric", "incident", "device", "code", "severity", "suspect"})
 
 
@@ -70,6 +71,22 @@ class Note:
         return out
 
 
+def _since_boot(uptime: object, read: float) -> float | None:
+    """The wall time of a line stamped ``uptime`` seconds after boot (raw dmesg, /dev/kmsg), read at
+    ``read``: this host's boot, by its /proc/uptime now. A stamp later than the host's uptime is of
+    a boot before this one: 0.0, as old as can be (stale). None where nothing is known."""
+    if not isinstance(uptime, (int, float)) or isinstance(uptime, bool) or not 0 <= uptime < 1e10:
+        return None
+    try:
+        with open("/proc/uptime", "rb") as f:
+            now_up = float(f.read(64).split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if uptime > now_up + 1.0:
+        return 0.0
+    return read - (now_up - uptime)
+
+
 def run_labels(labels: Labels) -> Labels:
     """The labels that name a run (a file's labels less rank and the per-alert ones)."""
     return tuple(kv for kv in labels if kv[0] not in RUN_LESS)
@@ -89,17 +106,21 @@ class HostLedger:
         """Keep a ``hw_fault`` or ``rerun_verdict`` sample (others are ignored)."""
         if sample.metric == HW_FAULT:
             into, kind = self.faults, "fault"
-            key = (str(sample.attr("device", "")), str(sample.attr("code", "")), str(sample.attr("class", "unknown")))
-            if key not in self.counts and len(self.counts) >= MAX_COUNTED:
-                key = ("other", "other", key[2])
-            self.counts[key] = self.counts.get(key, 0) + 1
         elif sample.metric == RERUN_VERDICT:
             into, kind = self.reruns, "rerun"
         else:
             return
         src = sample.source
         where = f"{src.path}:{src.line}" if src is not None else ""
-        note = Note(kind, sample.time, sample.log_time, sample.step, run_labels(sample.labels), sample.attrs, where)
+        log_time = sample.log_time
+        if log_time is None and kind == "fault":
+            log_time = _since_boot(sample.attr("uptime"), sample.time)
+        note = Note(kind, sample.time, log_time, sample.step, run_labels(sample.labels), sample.attrs, where)
+        if kind == "fault" and not note.stale:  # backlog (an old line read now) is not counted
+            key = (str(sample.attr("device", "")), str(sample.attr("code", "")), str(sample.attr("class", "unknown")))
+            if key not in self.counts and len(self.counts) >= MAX_COUNTED:
+                key = ("other", "other", key[2])
+            self.counts[key] = self.counts.get(key, 0) + 1
         if kind == "rerun" and any(_same_rerun(note, o) for o in self.reruns):
             return  # the pair of lines of one outcome ("First rerun: ..." then "Possible transient error!")
         into.append(note)

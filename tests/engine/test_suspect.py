@@ -120,6 +120,15 @@ def test_a_rerun_verdict_of_another_run_or_a_far_iteration_is_not_this_incidents
     assert dict(nan_at(p, 500, T0 + 120).labels)["suspect"] == "unknown"
 
 
+def test_a_rerun_verdict_read_days_before_is_not_this_incidents():
+    """The same run label and iteration weeks later (a rerun of the experiment under its old name):
+    the old verdict does not decide the new incident."""
+    p = pipeline()
+    p.process([rerun("reproducible", 40, T0 - 3 * 86400)])
+    healthy(p, range(1, 40), T0)
+    assert dict(nan_at(p, 41, T0 + 120).labels)["suspect"] == "unknown"
+
+
 def test_no_evidence_is_unknown_never_numerics():
     p = pipeline()
     healthy(p, range(1, 50), T0)

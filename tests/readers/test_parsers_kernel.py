@@ -137,3 +137,21 @@ def test_no_training_log_of_the_corpus_reads_as_kernel(name):
         pytest.skip(f"no {name} logs in the corpus")
     for p in logs:
         assert faults(p.read_text(errors="replace")[:2_000_000], "auto") == [], p
+
+
+def test_only_the_kernels_lines_are_faults_not_a_users_logger():
+    """Anyone may write "NVRM: Xid ..." to syslog (``logger``); syslog names the program that wrote a
+    line, and only the kernel's are faults. Lines without a program tag (dmesg, kmsg, the journal's
+    export) are the kernel's own."""
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=51210, name=python3, GPU has fallen off the bus."
+    text = "\n".join([
+        f"Nov 28 07:42:14 gpu-node-a kernel: [ 8700.000001] {xid}",
+        f"Nov 28 07:42:15 gpu-node-a someone: {xid}",
+        f"Nov 28 07:42:16 gpu-node-a python3[812]: {xid}",
+        f"2026-11-28T07:42:17.000001+08:00|user|logger[-]|{xid}",
+        f"2026-11-28T07:42:18.000001+08:00|err|kernel[-]|[21202266.129771] {xid}",
+        f"2026-11-28T07:42:19+0800 gpu-node-a kernel: {xid}",
+        f"[ 8710.000001] {xid}",
+    ]) + "\n"
+    got = faults(text)
+    assert [f["line"] for f in got] == [1, 5, 6, 7], got

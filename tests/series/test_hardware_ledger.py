@@ -5,6 +5,7 @@ damaged row is refused, never half-restored)."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -47,6 +48,25 @@ def test_an_exact_stamp_hours_before_its_reading_is_backlog():
     for s in (stamped(79, 2 * 3600, "offset"), stamped(94, 120, "epoch"), stamped(48, 2 * 3600, None)):
         led.note(s)
     assert [f.attr("code") for f in led.faults_between(T0 - 1, T0 + 1)] == [94, 48]
+
+
+def test_a_boot_relative_stamp_is_dated_by_this_hosts_uptime():
+    """Raw dmesg / kmsg lines carry seconds since boot only: a line from minutes ago counts; one from
+    hours ago, or from a boot before this one (later than the uptime), is backlog, never counted."""
+    with open("/proc/uptime") as f:
+        up = float(f.read().split()[0])
+    read = time.time()
+
+    def dmesg(code: int, uptime: float) -> Sample:
+        f = fault(code, "hardware", read)
+        return replace(f, attrs=f.attrs + (("time_basis", "uptime"), ("uptime", uptime)))
+    led = HostLedger()
+    led.note(dmesg(79, max(0.0, up - 30)))          # this boot, half a minute ago
+    led.note(dmesg(48, up + 86400))                 # a boot before this one
+    if up > 2 * 3600:
+        led.note(dmesg(94, up - 2 * 3600))          # this boot, two hours ago
+    assert [f.attr("code") for f in led.faults_between(read - 1, read + 1)] == [79]
+    assert set(led.counts) == {("0000:3b:00", "79", "hardware")}
 
 
 def test_counts_every_fault_by_device_code_class_bounded(monkeypatch):

@@ -68,6 +68,9 @@ _ASSERTION_RE = re.compile(r"\bassertion=(?P<a>\d{1,3})")
 _SEVERITY_RE = re.compile(r"\bseverity=\d{1,3}\[(?P<s>[A-Za-z ]{1,16})\]")
 ASCEND_HEARTBEAT_LOST = 0x40F84E00  # MindCluster's code for "Heartbeat lost!" in the host's messages
 _JSON_END = re.compile(r'(?<!\\)"')
+# the program tag of a syslog-shaped line ("host kernel: ", "host python3[812]: ", EulerOS's
+# "|kernel[-]|"): a fault must come from the kernel, not from a user's ``logger "NVRM: Xid ..."``
+_TAG_RE = re.compile(r"(?<![^\s|])([A-Za-z][\w.\-/]{0,63})(?:\[[^\]\n]{0,24}\])?(?=:\s|\|)")
 
 
 class KernelParser(Parser):
@@ -115,9 +118,20 @@ class KernelParser(Parser):
                 attrs = {"vendor": "ascend", "device": m.group("dev"), "code": hex_code(ASCEND_HEARTBEAT_LOST)}
                 _classify(attrs, codes.get(("ascend", attrs["code"])), f"fault {attrs['code']}")
                 out.append(_record(block, m.start(), attrs, _message(text, m.start(), m.group("msg"))))
+        if out:
+            out = [r for r in out if _from_kernel(text, r.pos)]
         if len(out) > 1:
             out.sort(key=lambda r: r.pos)
         return out
+
+
+def _from_kernel(text: str, pos: int) -> bool:
+    """False when the line names a program other than the kernel before the message (syslog's tag):
+    anyone may write "NVRM: Xid ..." to syslog; only the kernel's lines are faults. A line with no
+    tag (dmesg, the journal's export and JSON, kmsg records) is the kernel's."""
+    start = text.rfind("\n", 0, pos) + 1
+    tags = _TAG_RE.findall(text, max(start, pos - 240), pos)
+    return not tags or tags[-1] == "kernel"
 
 
 def _off_bus(block: Block, xids: list[Record], codes: dict) -> list[Record]:
