@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -129,7 +130,8 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
 
         def command(j: int) -> None:
             p = subprocess.run([*cli, "--jobs", str(j), str(root)], env=_env(), capture_output=True, timeout=1800)
-            outs[j], codes[j] = p.stdout, p.returncode
+            # the suspect verdict says when it judged: the one clock in the output
+            outs[j], codes[j] = re.sub(r'"judged_at": [0-9.e+]+', '"judged_at": 0', p.stdout), p.returncode
 
         folders = [str(root / f"rank{r}") for r in range(ranks)]
 
