@@ -131,7 +131,7 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
         def command(j: int) -> None:
             p = subprocess.run([*cli, "--jobs", str(j), str(root)], env=_env(), capture_output=True, timeout=1800)
             # the suspect verdict says when it judged: the one clock in the output
-            outs[j], codes[j] = re.sub(r'"judged_at": [0-9.e+]+', '"judged_at": 0', p.stdout), p.returncode
+            outs[j], codes[j] = re.sub(rb'"judged_at": [0-9.e+]+', b'"judged_at": 0', p.stdout), p.returncode
 
         folders = [str(root / f"rank{r}") for r in range(ranks)]
 
