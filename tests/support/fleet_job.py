@@ -6,7 +6,9 @@
 appends, step by step in lock-step over every rank (as a data-parallel job logs), one Megatron-LM
 iteration line (bf16: loss scale 1.0) per step to ``ROOT/h<NN>/logs/<RUN>_rank<R>.log`` for the
 global ranks R of host NN, from step FIRST to LAST (a step lower than the log's last one is a
-restart from a checkpoint). ``R=S``: rank R's loss and grad norm are NaN from step S on.
+restart from a checkpoint). ``R=S``: rank R's loss is NaN from step S on. (Its grad norm stays
+finite: a real grad norm is all-reduced, the same on every rank at a step, and one rank's NaN grad
+norm beside finite ones of the others is what the agents call a hardware suspect.)
 SIGTERM ends it after the step being written. The second form writes one rank's msprobe dump of
 a step (``DIR/step<STEP>/rank<RANK>/``) whose op OP turns finite inputs into a NaN output, as
 msprobe dumps during the step, before the step's log line.
@@ -22,7 +24,7 @@ from pathlib import Path
 
 def line(step: int, nan: bool) -> str:
     loss = float("nan") if nan else 5.0 - step * 0.001
-    grad = "NAN" if nan else "1.500"
+    grad = "1.500"
     return (f" iteration {step:>8}/    1000 | consumed samples: {step * 64:>12} | elapsed time per iteration (ms): "
             f"812.5 | learning rate: 1.000000E-04 | global batch size:    64 | lm loss: {loss:.6E} | "
             f"loss scale: 1.0 | grad norm: {grad} | number of skipped iterations:   0 | "
