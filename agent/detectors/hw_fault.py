@@ -17,6 +17,7 @@ from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 
 FaultClass = Literal["hardware", "application", "unknown"]
+DEVICE_KINDS = {"nvidia": "GPU", "ascend": "NPU"}
 
 
 class HwFaultParams(Params):
@@ -34,13 +35,14 @@ class HwFaultDetector(Detector[HwFaultParams]):
         if cls not in self.params.classes:
             return None
         device, code = str(sample.attr("device", "")), sample.attr("code")
-        vendor = "Xid" if sample.attr("vendor") == "nvidia" else "fault"
+        vendor = sample.attr("vendor")
+        fault_name = f"{'Xid' if vendor == 'nvidia' else 'fault'} {code}"
         labels = make_labels(dict(sample.labels), device=device, code=str(code))
-        message = f"device {device} {vendor} {code}: {sample.attr('meaning', '')} ({cls})"
+        message = f"device {device} {fault_name}: {sample.attr('meaning', '')} ({cls})"
         evidence = {k: v for k, v in sample.attrs}
         # vendor-neutral words for the rule's text: "GPU ... Xid 79", "NPU ... fault 0x80E01801"
-        evidence["device_kind"] = "GPU" if sample.attr("vendor") == "nvidia" else "NPU" if sample.attr("vendor") == "ascend" else "device"
-        evidence["fault_name"] = f"{vendor} {code}"
+        evidence["device_kind"] = DEVICE_KINDS.get(vendor, "device")
+        evidence["fault_name"] = fault_name
         if sample.log_time is not None:
             evidence["log_time"] = sample.log_time
         return Hit(labels, message, float(code) if isinstance(code, int) else None, None, sample.source, evidence)
