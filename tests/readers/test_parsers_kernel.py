@@ -155,3 +155,26 @@ def test_only_the_kernels_lines_are_faults_not_a_users_logger():
     ]) + "\n"
     got = faults(text)
     assert [f["line"] for f in got] == [1, 5, 6, 7], got
+
+
+def test_the_journals_entries_of_programs_are_not_faults():
+    """The journal's export and JSON entries name who wrote them in ``_TRANSPORT``: the kernel's
+    ring buffer is "kernel"; a user's ``logger`` is "syslog", a service's output "stdout"."""
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=51210, name=python3, GPU has fallen off the bus."
+
+    def export(transport: str, stamp: int) -> str:
+        return (f"__REALTIME_TIMESTAMP={stamp}\n__MONOTONIC_TIMESTAMP=8700000001\n_TRANSPORT={transport}\n"
+                f"SYSLOG_IDENTIFIER=x\nMESSAGE={xid}\nPRIORITY=3\n\n")
+
+    def json_line(transport: str, stamp: int) -> str:
+        return ('{"__REALTIME_TIMESTAMP":"%d","_TRANSPORT":"%s","PRIORITY":"3","MESSAGE":"%s"}\n'
+                % (stamp, transport, xid))
+
+    exp = export("kernel", 1716058959061820) + export("syslog", 1716058960061820) + export("stdout", 1716058961061820)
+    assert [f["line"] for f in faults(exp)] == [5]
+    # the transport after the message (field order is not fixed), and an entry without one
+    late = f"__REALTIME_TIMESTAMP=1716058959061820\nMESSAGE={xid}\n_TRANSPORT=journal\n\n"
+    bare = f"__REALTIME_TIMESTAMP=1716058959061820\nMESSAGE={xid}\n\n"
+    assert faults(late) == [] and len(faults(bare)) == 1
+    js = json_line("syslog", 1716058960061820) + json_line("kernel", 1716058961061820) + json_line("stdout", 1)
+    assert [f["line"] for f in faults(js)] == [2]

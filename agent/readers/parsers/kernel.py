@@ -70,6 +70,11 @@ ASCEND_HEARTBEAT_LOST = 0x40F84E00  # MindCluster's code for "Heartbeat lost!" i
 _JSON_END = re.compile(r'(?<!\\)"')
 # the program tag of a syslog-shaped line ("host kernel: ", "host python3[812]: ", EulerOS's
 # "|kernel[-]|"): a fault must come from the kernel, not from a user's ``logger "NVRM: Xid ..."``
+# the journal's own field naming who wrote an entry: "kernel" for the kernel's ring buffer, "syslog",
+# "journal", "stdout" for programs (a user's `logger` too)
+_TRANSPORT_JSON = re.compile(r'"_TRANSPORT"\s*:\s*"([^"\n]{0,32})"')
+_TRANSPORT_EXPORT = re.compile(r"^_TRANSPORT=([^\n]{0,32})$", re.M)
+ENTRY_CHARS = 16384   # how far an export entry's fields are looked for around its MESSAGE= line
 _TAG_RE = re.compile(r"(?<![^\s|])([A-Za-z][\w.\-/]{0,63})(?:\[[^\]\n]{0,24}\])?(?=:\s|\|)")
 
 
@@ -128,8 +133,19 @@ class KernelParser(Parser):
 def _from_kernel(text: str, pos: int) -> bool:
     """False when the line names a program other than the kernel before the message (syslog's tag):
     anyone may write "NVRM: Xid ..." to syslog; only the kernel's lines are faults. A line with no
-    tag (dmesg, the journal's export and JSON, kmsg records) is the kernel's."""
+    tag (dmesg, kmsg records) is the kernel's. The journal's export and JSON entries say who wrote
+    them in ``_TRANSPORT``: only "kernel" is (an entry without the field is taken as the kernel's)."""
     start = text.rfind("\n", 0, pos) + 1
+    if text.startswith("{", start):                               # journalctl -o json: one line
+        end = text.find("\n", pos)
+        m = _TRANSPORT_JSON.search(text, start, len(text) if end < 0 else end)
+        return m is None or m.group(1) == "kernel"
+    if text.startswith("MESSAGE=", start):                        # journalctl -o export
+        lo = text.rfind("\n\n", max(0, start - ENTRY_CHARS), start)
+        hi = text.find("\n\n", pos, pos + ENTRY_CHARS)
+        m = _TRANSPORT_EXPORT.search(text, max(0, start - ENTRY_CHARS) if lo < 0 else lo,
+                                     min(len(text), pos + ENTRY_CHARS) if hi < 0 else hi)
+        return m is None or m.group(1) == "kernel"
     tags = _TAG_RE.findall(text, max(start, pos - 240), pos)
     return not tags or tags[-1] == "kernel"
 
