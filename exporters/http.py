@@ -25,10 +25,12 @@ from .webconfig import BasicAuth, RateLimit, WebConfig, is_loopback
 log = logging.getLogger(__name__)
 
 StatusFn = Callable[[], dict[str, Any]]
+AlertsFn = Callable[[], "dict[str, Any] | bytes"]  # bytes: the finished body (api.AlertsView)
 
 
 def _json(start_response, body: Any, status: str = "200 OK") -> list[bytes]:
-    data = json.dumps(body, default=str, allow_nan=False, separators=(",", ":")).encode()
+    data = body if isinstance(body, bytes) else \
+        json.dumps(body, default=str, allow_nan=False, separators=(",", ":")).encode()
     start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
     return [data]
 
@@ -65,7 +67,7 @@ def _guarded(app: Callable, web: WebConfig | None, on_auth_failure: Callable[[],
 
 
 class HttpExporter:
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, alerts: StatusFn,
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, alerts: AlertsFn,
                  status: StatusFn, ready: Callable[[], bool], routes: dict[str, StatusFn] | None = None,
                  limits: ServerLimits | None = None, web: WebConfig | None = None) -> None:
         metrics_app = make_wsgi_app(registry)
@@ -80,7 +82,9 @@ class HttpExporter:
                 if path == "/metrics":
                     return metrics_app(environ, start_response)
                 if path == "/api/v1/alerts":
-                    return _json(start_response, {"status": "success", "data": json_safe(alerts())})
+                    doc = alerts()
+                    return _json(start_response, doc if isinstance(doc, bytes) else
+                                 {"status": "success", "data": json_safe(doc)})
                 if path == "/api/v1/status":
                     return _json(start_response, {"status": "success", "data": json_safe(status())})
                 if path in routes:

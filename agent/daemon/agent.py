@@ -31,7 +31,7 @@ from ..engine.alerts import Transition
 from ..engine.pipeline import Pipeline
 from ..engine.rulefile import RuleSet
 from ..exporters.alertmanager import AlertmanagerCollector, AlertmanagerPusher
-from ..exporters.api import alerts_json, status_json
+from ..exporters.api import AlertsView, status_json
 from ..exporters.dumps import DumpCollector
 from ..exporters.http import HttpCollector, HttpExporter
 from ..exporters.httpserver import ServerLimits
@@ -93,7 +93,8 @@ class Agent:
         self.fds = plan_descriptors(config)  # fit RLIMIT_NOFILE now, not with EMFILE storms later
         limits = ServerLimits(self.fds.max_connections, h.workers, h.header_timeout, h.idle_timeout, h.write_timeout,
                               h.max_header_bytes)
-        self.http = HttpExporter(host, port, self.registry, lambda: alerts_json(self.pipeline),
+        self.alerts_view = AlertsView(self.pipeline)  # /api/v1/alerts, rendered once per change
+        self.http = HttpExporter(host, port, self.registry, self.alerts_view.body,
                                  lambda: status_json(self.health, self.pipeline, self.streams, config.watches,
                                                      self.watcher.modes, self.worker.follower.yields.verdicts(),
                                                      self.worker.follower.unread),
@@ -109,7 +110,7 @@ class Agent:
         self.reloader = Reloader(config, self.health, self.pipeline, self.http, reread)
         self.worker = Worker(config, self.health, self.queue, self.stop_event, self.pipeline, self.store,
                              self.dumpflow, self.reloader, self.confine, self.watcher, self.alertmanager,
-                             on_transition, self.saves)
+                             on_transition, self.saves, self.alerts_view.changed)
         self.worker.follower.max_open_files = self.fds.max_open_files
         self.health.set("max_open_files", self.fds.max_open_files)
         self.health.set("max_open_files_lowered", float(self.fds.lowered))

@@ -1,14 +1,19 @@
 """The one worker thread: it owns the followed files, the pipeline and the state store, so
 detection needs no locks. Each pass takes a batch from the change queue, reads what changed,
 hands finished dump scans to the pipeline, ticks time-based rules, pushes alerts and commits
-offsets, alerts, series and detector memory in one transaction."""
+offsets, alerts, series and detector memory in one transaction.
+
+The ``debounce`` coalesces bursts without delaying a lone line: a change that comes after a
+quiet ``debounce`` is read at once (a page-worthy line waits for no batch window); a change that
+comes sooner after the last read waits until ``debounce`` after it, and everything that arrived
+meanwhile is read in that one pass (at most one read per ``debounce`` under a burst)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..config import Config
 from ..dumps.schedule import ScanResult
@@ -19,7 +24,7 @@ from ..health import Health, Heartbeat, bind
 from ..model import AlertState, Labels, Sample
 from ..readers.following import Follower
 from ..sources.confine import Confinement
-from ..sources.queue import ChangeQueue
+from ..sources.queue import Batch, ChangeQueue
 from ..sources.watcher import TreeWatcher
 from ..store.saving import SaveTracker
 from ..store.state import StateError, StateStore
@@ -34,7 +39,10 @@ class Worker:
     def __init__(self, config: Config, health: Health, queue: ChangeQueue, stop: threading.Event,
                  pipeline: Pipeline, store: StateStore, dumpflow: DumpFlow, reloader: Reloader,
                  confine: Confinement, watcher: TreeWatcher, alertmanager: AlertmanagerPusher | None,
-                 on_transition: Callable[[Transition], None] | None, saves: SaveTracker) -> None:
+                 on_transition: Callable[[Transition], None] | None, saves: SaveTracker,
+                 on_alerts_changed: Callable[[Iterable[str]], None] | None = None) -> None:
+        """``on_alerts_changed``: told the fingerprints of the alerts a step changed or dropped,
+        outside the pipeline lock, as soon as the step is done (the API's alerts view)."""
         self.config = config
         self.health = health
         self.queue = queue
@@ -56,6 +64,8 @@ class Worker:
         self.saves = saves                # once-per-cause reports and the retry backoff of failed saves
         self._unsaved: set[str] = set()   # files read since the last commit that worked
         self.saved_at_exit = False        # the final commit at SIGTERM worked
+        self.on_alerts_changed = on_alerts_changed
+        self._last_read = float("-inf")   # monotonic start of the last pass that read changed paths
 
     def run(self) -> None:
         # Ready as soon as the watches are set up and the worker runs: catching up on a large
@@ -65,9 +75,7 @@ class Worker:
         self.health.set("ready", 1)
         sd_notify(f"READY=1\nSTATUS=watching {len(self.config.watches)} path(s)")
         while not self.stop.is_set():
-            # files still behind (readers/following.py): take what arrived meanwhile, do not wait
-            wait = 0.0 if self.follower.backlog else self.config.evaluation_interval
-            batch = self.queue.get(wait, self.config.debounce)
+            batch = self._next_batch()
             self.beat.beat()
             try:
                 if batch.reload_rules:
@@ -85,6 +93,7 @@ class Worker:
                 self.pipeline.tick(now)
                 self._pipeline_errors()
                 self.emit_transitions()
+                self._alerts_changed()
                 if self.alertmanager is not None:
                     self.alertmanager.sync(list(self.pipeline.alerts.alerts.values()), now)
                 self._commit(touched)
@@ -92,6 +101,26 @@ class Worker:
                 log.exception("unexpected error in worker")
                 self.health.error("internal", "unexpected error in worker (see traceback above)")
         self.saved_at_exit = self._commit(set(self.follower.streams), final=True)
+
+    def _next_batch(self) -> Batch:
+        """The next batch of changes, debounced from its leading edge (module docstring)."""
+        # files still behind (readers/following.py): take what arrived meanwhile, do not wait
+        wait = 0.0 if self.follower.backlog else self.config.evaluation_interval
+        batch = self.queue.get(wait)
+        if not batch.paths:
+            return batch
+        hold = self._last_read + self.config.debounce - time.monotonic()
+        if hold > 0 and not self.stop.wait(hold):  # a burst: gather what comes until the window ends
+            more = self.queue.get(0.0)
+            batch = Batch(list(dict.fromkeys([*batch.paths, *more.paths])), batch.resync or more.resync,
+                          batch.reload_rules or more.reload_rules)
+        self._last_read = time.monotonic()
+        return batch
+
+    def _alerts_changed(self) -> None:
+        book = self.pipeline.alerts
+        if self.on_alerts_changed is not None and (book.dirty or book.deleted):
+            self.on_alerts_changed(book.dirty | book.deleted)
 
     def _handle(self, result: ScanResult) -> None:
         """One scanned dump directory; a bug in one is reported and never costs the rest of the
@@ -106,6 +135,7 @@ class Worker:
     def _process(self, samples: list[Sample]) -> None:
         self.pipeline.process(samples)
         self._pipeline_errors()
+        self._alerts_changed()  # a new page is on the API now, not after the pass's tick and commit
 
     def _pipeline_errors(self) -> None:
         for message in self.pipeline.errors:
