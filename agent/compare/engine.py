@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..dumps.scan import inf_extremes, statistics, tensor_bytes
 from ..health import beat
+from ..dumps.msprobe import inf_extremes
 from ..dumps.types import DumpError, DumpTensor
 from ..fusion.suspect import CATALOGUE_ERROR_PATH, catalogue_error
 from ..model import TensorStats
@@ -103,7 +103,10 @@ def _stats_of(t: DumpTensor) -> TensorStats:
     """Given statistics, or one pass over the data. The pass keeps the pages it reads in the page
     cache (``drop_cache=False``): the comparison has just read them, and dropping them made the
     next compare of the same trees read the verdict's tensors from disk again."""
-    return t.stats if t.load is None and t.stats is not None else statistics(t, drop_cache=False)
+    if t.load is None and t.stats is not None:
+        return t.stats
+    from ..dumps.tensorstats import statistics   # the scanner: only for the tensors a verdict names
+    return statistics(t, drop_cache=False)
 
 
 def compare_pair(index: int, pair: Pair, preset: str, rerun: bool) -> Row:
@@ -176,6 +179,8 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     if broken is not None:
         res.notes.append({"side": "pair", "path": CATALOGUE_ERROR_PATH, "reason": broken})
     n = len(pairing.pairs)
+    if progress:
+        from ..dumps.tensorstats import tensor_bytes
     weights = [tensor_bytes(p.target) + tensor_bytes(p.bench) for p in pairing.pairs] if progress else []
     total, done = sum(weights), 0
     for i, row in enumerate(_rows(pairing.pairs, preset, rerun, jobs)):

@@ -21,13 +21,15 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from ..safeio import FileTooBig, read_regular
-from .graph import GeGraph
-from .report import FusionReport
+
+if TYPE_CHECKING:
+    from .graph import GeGraph
+    from .report import FusionReport
 
 CATALOGUE = Path(__file__).with_name("fused_apis.yml")
 _SHIPPED_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml's, ~10x faster, for our own file
