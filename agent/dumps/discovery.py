@@ -82,8 +82,14 @@ def _msprobe_order(rank_dir: Path) -> tuple:
             _number(rank_dir.name, _RANK), rank_dir.name)
 
 
-def _inside(path: Path, roots: set[Path]) -> bool:
-    return any(parent in roots for parent in path.parents)
+def _outside(files: list[Path], roots: set[Path]) -> list[Path]:
+    """The files under none of ``roots``; absolute paths (a walk of an absolute root) by their
+    text, which a Path keeps normalised: a Path per parent of every file cost more than reading
+    the rest of an msprobe tree's description."""
+    if all(r.is_absolute() and r != r.parent for r in roots) and all(f.is_absolute() for f in files):
+        prefixes = tuple(str(r) + os.sep for r in roots)     # "/a/rank0/"
+        return [f for f in files if not str(f).startswith(prefixes)]
+    return [f for f in files if not any(p in roots for p in f.parents)]
 
 
 def _read_msprobe(dirs: list[Path], errors: list[tuple[str, str]]) -> list[DumpTensor]:
@@ -183,7 +189,7 @@ def discover(path: Path, files: list[Path] | None = None, cache: ScanCache | Non
         w = walk(path)
         files, errors = w.files, w.errors
     rank_dirs = {f.parent for f in files if f.name == "dump.json"}
-    rest = [f for f in files if f.name != "dump.json" and not _inside(f, rank_dirs)] if rank_dirs else files
+    rest = _outside([f for f in files if f.name != "dump.json"], rank_dirs) if rank_dirs else files
     if not rest:
         return _found({"msprobe": _read_msprobe(list(rank_dirs), errors)} if rank_dirs else {}, errors)
     from .cann import parse_dump_name
