@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Callable, Iterator
@@ -211,6 +210,7 @@ def _rows(pairs: list[Pair], preset: str, rerun: bool, jobs: int) -> Iterator[Ro
     if jobs <= 1 or len(pairs) <= 1:
         yield from (compare_pair(i, p, preset, rerun) for i, p in enumerate(pairs))
         return
+    from concurrent.futures import ThreadPoolExecutor   # here: --jobs 1 does without its imports
     with ThreadPoolExecutor(max_workers=min(jobs, len(pairs)), thread_name_prefix="compare") as pool:
         ahead = deque()   # a bounded window: a slow pair never lets the others pile up
         it = iter(enumerate(pairs))
