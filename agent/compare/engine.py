@@ -174,9 +174,6 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     res = CompareResult(target, bench, preset, "rerun" if rerun else "benchmark",
                         unmatched=pairing.unmatched, unmatched_tensors=pairing.unmatched_tensors,
                         across=across, fusion=fusion)
-    broken = catalogue_error()   # pairing across fusion and the fused-API suspect need it
-    if broken is not None:
-        res.notes.append({"side": "pair", "path": CATALOGUE_ERROR_PATH, "reason": broken})
     n = len(pairing.pairs)
     if progress:
         from ..dumps.tensorstats import tensor_bytes
@@ -197,6 +194,12 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     for where in (res.first_diverging_op, res.corrupted_input):
         if where is not None:
             where.update(_details(res.rows[where["row"]]))
+    if res.first_diverging_op is not None or res.unmatched or across is not None:
+        # the fused-API catalogue was consulted (a name on one side only: across.py) or will be
+        # (the suspect of the first diverging op: report.py); one it could not read is listed
+        broken = catalogue_error()
+        if broken is not None:
+            res.notes.append({"side": "pair", "path": CATALOGUE_ERROR_PATH, "reason": broken})
     first = first_differing(judged)
     if first is not None:
         res.first_differing_tensor = {"step": first.step, "rank": first.rank, "op": first.op,

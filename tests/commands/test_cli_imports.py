@@ -28,8 +28,9 @@ NEVER = ("precision_agent.commands.scan", "precision_agent.commands.fusion", "pr
          "precision_agent.engine", "precision_agent.detectors", "precision_agent.store", "precision_agent.config",
          "precision_agent.daemon", "precision_agent.exporters", "pydantic", "apscheduler", "watchdog",
          "prometheus_client", "ctypes.util")
-# a comparison whose pairs are all equal: no verdict names a tensor, so no scanner either
-SCANNER = ("precision_agent.dumps.tensorstats", "precision_agent.dumps.scanner", "precision_agent.dumps.windows",
+# a comparison whose pairs are all equal: no verdict names a tensor, so no scanner either, and no
+# fused-API catalogue (YAML) to consult
+SCANNER = ("yaml", "precision_agent.dumps.tensorstats", "precision_agent.dumps.scanner", "precision_agent.dumps.windows",
            "precision_agent.dumps.pagecache", "precision_agent.kernels.scan_c", "precision_agent.kernels.scan_numpy")
 
 PROBE = """
@@ -76,7 +77,7 @@ def test_a_diverging_compare_imports_neither_the_other_commands_nor_readers_nor_
     assert _imported(modules, NEVER) == []
 
 
-def test_an_identical_compare_does_not_import_the_scanner(tmp_path):
+def test_an_identical_compare_imports_neither_the_scanner_nor_yaml(tmp_path):
     rc, doc, modules = _run("compare", _dump(tmp_path / "bench", False), _dump(tmp_path / "same", False), "--json")
     assert rc == 0 and doc["identical"] is True
     assert _imported(modules, NEVER + SCANNER) == []
