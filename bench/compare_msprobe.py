@@ -1,7 +1,8 @@
 """``compare`` against ``msprobe compare`` and against ``cat``: wall time, end to end, on one
 generated msprobe dump pair of ~90 MB per side (goals: ours >= 40x faster than msprobe, and <= 3x
 the time ``cat`` needs to read both trees from the page cache). All run as commands, as a user
-runs them, interleaved round by round, best of N.
+runs them, interleaved round by round, best of N; with them the floor any Python compare stands
+on, ``python -c pass`` and ``python -c 'import numpy'``.
 
 The pair is written by this script (no torch needed): an L1 tensor dump (``dump.json`` plus one
 ``torch.save``-format ``.pt`` file per tensor) of ten MLP blocks (d=384, hidden 1536, 128 tokens),
@@ -238,7 +239,11 @@ def run(blocks: int = 10, repeat: int = 5, with_msprobe: bool = False, venv: Pat
         ours = Tool("ours", ours_cmd + (["--jobs", str(jobs)] if jobs else []), ok=(1,), keep_stdout=True)
         tools = [ours, Tool("ours_jobs1", ours_cmd + ["--jobs", "1"], ok=(1,)),
                  Tool("ours_numpy_kernels", ours_cmd + ["--jobs", "1"], ok=(1,), env=_env(PRECISION_AGENT_KERNELS="numpy")),
-                 Tool("cat", ["cat", *files], ok=(0,))]     # both trees, from the page cache
+                 Tool("cat", ["cat", *files], ok=(0,)),    # both trees, from the page cache
+                 # the floor under any Python compare: the interpreter's start, and numpy's import
+                 Tool("python_start", [sys.executable, "-c", "pass"], ok=(0,)),
+                 Tool("numpy_import", [sys.executable, "-c", "import numpy"], ok=(0,),
+                      env=_env(OPENBLAS_NUM_THREADS="1"))]
         outdir = tmpd / "msprobe_out"
         if with_msprobe:
             keep = venv is not None
@@ -288,11 +293,13 @@ def report(res: dict[str, Any]) -> str:
              f"{o['pairs']} pairs, first diverging op {o['first_diverging_op']} "
              f"({'the planted one' if o['names_drift_op'] else 'NOT the planted one'})"]
     for key, label in (("ours_jobs1", "ours --jobs 1"), ("ours_numpy_kernels", "ours --jobs 1, PRECISION_AGENT_KERNELS=numpy"),
-                       ("cat", "cat of both trees (page cache)")):
+                       ("cat", "cat of both trees (page cache)"), ("python_start", "python -c pass (the interpreter's start)"),
+                       ("numpy_import", "python -c 'import numpy'")):
         t = res[key]
         lines.append(f"  {label}: {t['best_s']:.3f} s wall, {t['best_cpu_s']:.3f} s CPU")
     lines.append(f"  ours / cat: {r['cat']:.1f}x (goal <= {GOAL_CAT:.0f}x: "
-                 f"{'within goal' if r['cat'] <= GOAL_CAT else 'OVER GOAL'})")
+                 f"{'within goal' if r['cat'] <= GOAL_CAT else 'OVER GOAL'}); numpy's import alone: "
+                 f"{res['numpy_import']['best_s'] / res['cat']['best_s']:.1f}x cat")
     m = res.get("msprobe")
     if m is None:
         lines.append("  msprobe compare: not run (--with-msprobe installs it into a throw-away venv)")

@@ -8,8 +8,6 @@ stdout's reader went away (``| head``), without a traceback.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -18,12 +16,17 @@ from typing import Any
 from .. import __version__
 from .tools import add_fail_on, add_rules_test_args, exit_status, progress_bar, rules_dirs, run_command
 from ..errors import DEFAULT_LISTEN, ConfigError
-from ..model import json_safe
+
+# The module is what every command imports first: what it imports at its top, every one-shot
+# command pays for at start (``compare`` is timed against ``cat``). So the commands' modules, and
+# json/logging, are imported where they are used, and :func:`main` registers on the parser only
+# the command it runs (tests/commands/test_cli_imports.py keeps that).
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_CONFIG = 0, 1, 2
 
 
 def _setup_logging(level: str) -> None:
+    import logging
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
@@ -115,6 +118,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"precision-agent: {path}: cannot read: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.json:
+        import json
+        from ..model import json_safe
         json.dump(json_safe(result), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
@@ -181,12 +186,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(duration=args.duration, listen=args.listen)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="precision-agent",
-                                description="Watch training logs and dumps for numerical-precision failures.")
-    p.add_argument("--version", action="version", version=f"precision-agent {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_run(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run the agent (the resident daemon)")
     r.add_argument("--config", "-c", help="YAML config file")
     r.add_argument("--watch", action="append", default=[], metavar="[log:|dump:]PATH",
@@ -199,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     r.set_defaults(func=cmd_run)
 
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
     rp = sub.add_parser("replay", help="run a finished log through the parsers and rules")
     rp.add_argument("file")
     rp.add_argument("--json", action="store_true", help="print one JSON object")
@@ -211,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_fail_on(rp)
     rp.set_defaults(func=cmd_replay)
 
+
+def _add_scan(sub: argparse._SubParsersAction) -> None:
     sc = sub.add_parser("scan", help="scan tensor dumps: per-tensor statistics and the first bad op")
     sc.add_argument("path", help="a dump directory (msprobe, CANN, MindSpore, .npy/.npz tree) or file")
     sc.add_argument("--json", action="store_true", help="print one JSON object")
@@ -230,12 +234,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_fail_on(sc)
     sc.set_defaults(func=cmd_scan)
 
-    from .compare import add_parser as add_compare
-    add_compare(sub)
 
-    from .fusion import add_parser as add_fusion
-    add_fusion(sub)
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    from .compare import add_parser
+    add_parser(sub)
 
+
+def _add_fusion(sub: argparse._SubParsersAction) -> None:
+    from .fusion import add_parser
+    add_parser(sub)
+
+
+def _add_rules(sub: argparse._SubParsersAction) -> None:
     ru = sub.add_parser("rules", help="rule-file tools")
     rsub = ru.add_subparsers(dest="rules_command", metavar="SUBCOMMAND")
     rc = rsub.add_parser("check", help="validate rule files")
@@ -245,15 +255,41 @@ def build_parser() -> argparse.ArgumentParser:
     add_rules_test_args(rt)
     rt.set_defaults(func=cmd_rules_test, rules=None)
 
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("demo", help="start the agent on a simulated training job and show alerts firing")
     d.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: Ctrl-C)")
     d.add_argument("--listen", default=None, help=f"HOST:PORT (default {DEFAULT_LISTEN}, or a free port)")
     d.set_defaults(func=cmd_demo)
+
+
+COMMANDS = {"run": _add_run, "replay": _add_replay, "scan": _add_scan, "compare": _add_compare,
+            "fusion": _add_fusion, "rules": _add_rules, "demo": _add_demo}   # in the order --help lists them
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``only``: with that command alone (what :func:`main` runs:
+    each command's options are built, and its module imported, only for that command), every
+    command when None or when it is not one (then the usage names them all)."""
+    p = argparse.ArgumentParser(prog="precision-agent",
+                                description="Watch training logs and dumps for numerical-precision failures.")
+    p.add_argument("--version", action="version", version=f"precision-agent {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, add in COMMANDS.items():
+        if only not in COMMANDS or name == only:
+            add(sub)
     return p
 
 
+def command_of(argv: list[str]) -> str | None:
+    """The command ``argv`` runs when it is its first word (an option before it, ``--help`` or
+    ``--version``, needs the whole parser): None otherwise."""
+    return argv[0] if argv and argv[0] in COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

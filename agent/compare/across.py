@@ -26,12 +26,14 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..dumps.types import DumpTensor
-from ..fusion.graph import GeGraph, GraphOp
 from ..fusion.suspect import CatalogueError, FusionSuspect, fused_api, suspect
 from .pairing import Pairing, Side, pair_key, pair_sides, tensor_label
+
+if TYPE_CHECKING:   # a graph is read (fusion/context.py) only where a tree holds one
+    from ..fusion.graph import GeGraph, GraphOp
 
 _MODULE = re.compile(r"^Module\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)"
                      r"(?:\.(?P<n>\d+))?$")

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..dumps.scan import inf_extremes, statistics, tensor_bytes
 from ..health import beat
+from ..dumps.msprobe import inf_extremes
 from ..dumps.types import DumpError, DumpTensor
 from ..fusion.suspect import CATALOGUE_ERROR_PATH, catalogue_error
 from ..model import TensorStats
@@ -103,7 +102,10 @@ def _stats_of(t: DumpTensor) -> TensorStats:
     """Given statistics, or one pass over the data. The pass keeps the pages it reads in the page
     cache (``drop_cache=False``): the comparison has just read them, and dropping them made the
     next compare of the same trees read the verdict's tensors from disk again."""
-    return t.stats if t.load is None and t.stats is not None else statistics(t, drop_cache=False)
+    if t.load is None and t.stats is not None:
+        return t.stats
+    from ..dumps.tensorstats import statistics   # the scanner: only for the tensors a verdict names
+    return statistics(t, drop_cache=False)
 
 
 def compare_pair(index: int, pair: Pair, preset: str, rerun: bool) -> Row:
@@ -172,10 +174,9 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     res = CompareResult(target, bench, preset, "rerun" if rerun else "benchmark",
                         unmatched=pairing.unmatched, unmatched_tensors=pairing.unmatched_tensors,
                         across=across, fusion=fusion)
-    broken = catalogue_error()   # pairing across fusion and the fused-API suspect need it
-    if broken is not None:
-        res.notes.append({"side": "pair", "path": CATALOGUE_ERROR_PATH, "reason": broken})
     n = len(pairing.pairs)
+    if progress:
+        from ..dumps.tensorstats import tensor_bytes
     weights = [tensor_bytes(p.target) + tensor_bytes(p.bench) for p in pairing.pairs] if progress else []
     total, done = sum(weights), 0
     for i, row in enumerate(_rows(pairing.pairs, preset, rerun, jobs)):
@@ -193,6 +194,12 @@ def compare_sides(target: Side, bench: Side, *, preset: str = "strict", rerun: b
     for where in (res.first_diverging_op, res.corrupted_input):
         if where is not None:
             where.update(_details(res.rows[where["row"]]))
+    if res.first_diverging_op is not None or res.unmatched or across is not None:
+        # the fused-API catalogue was consulted (a name on one side only: across.py) or will be
+        # (the suspect of the first diverging op: report.py); one it could not read is listed
+        broken = catalogue_error()
+        if broken is not None:
+            res.notes.append({"side": "pair", "path": CATALOGUE_ERROR_PATH, "reason": broken})
     first = first_differing(judged)
     if first is not None:
         res.first_differing_tensor = {"step": first.step, "rank": first.rank, "op": first.op,
@@ -206,6 +213,7 @@ def _rows(pairs: list[Pair], preset: str, rerun: bool, jobs: int) -> Iterator[Ro
     if jobs <= 1 or len(pairs) <= 1:
         yield from (compare_pair(i, p, preset, rerun) for i, p in enumerate(pairs))
         return
+    from concurrent.futures import ThreadPoolExecutor   # here: --jobs 1 does without its imports
     with ThreadPoolExecutor(max_workers=min(jobs, len(pairs)), thread_name_prefix="compare") as pool:
         ahead = deque()   # a bounded window: a slow pair never lets the others pile up
         it = iter(enumerate(pairs))

@@ -1,6 +1,6 @@
 """Pairing: which target tensor is compared with which benchmark tensor.
 
-Both sides are read by :func:`precision_agent.dumps.scan.discover` (one reader per layout, shared
+Both sides are read by :func:`precision_agent.dumps.discovery.discover` (one reader per layout, shared
 with ``scan``). Tensors are first grouped by (step, rank), then paired inside a group by a key
 that does not depend on when or where the run happened:
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..dumps.scan import discover
+from ..dumps.discovery import discover
 from ..dumps.types import DumpTensor
 
 TF_NPY = re.compile(r"(?P<op>.+)\.(?P<index>\d+)\.(?P<ts>\d{10,})\.npy")

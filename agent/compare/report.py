@@ -11,7 +11,7 @@ import csv
 import math
 from typing import IO, Any
 
-from ..dumps.scan import inf_extremes
+from ..dumps.msprobe import inf_extremes
 from ..dumps.types import DumpTensor
 from ..model import TensorStats
 from .engine import CompareResult, Row

@@ -23,14 +23,16 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..health import beat
-from .cache import ScanCache
-from .cann import dump_dir_location, list_dump_dir, parse_dump_name
-from .mindspore import parse_npy_name, read_mindspore_npy_dir, read_statistic_csv
 from .msprobe import read_msprobe_rank_dir
 from .npy import read_npy, read_npz
 from .types import DumpError, DumpTensor
+
+if TYPE_CHECKING:
+    from .cache import ScanCache
+# the CANN and MindSpore readers are imported where a tree has files outside msprobe's rank folders
 
 MAX_FILES = 200_000  # bound the walk of a hostile or mistaken tree
 MAX_STANDINS = 10_000  # stand-ins for unreadable plain files kept per scan (file order: the earliest)
@@ -80,8 +82,14 @@ def _msprobe_order(rank_dir: Path) -> tuple:
             _number(rank_dir.name, _RANK), rank_dir.name)
 
 
-def _inside(path: Path, roots: set[Path]) -> bool:
-    return any(parent in roots for parent in path.parents)
+def _outside(files: list[Path], roots: set[Path]) -> list[Path]:
+    """The files under none of ``roots``; absolute paths (a walk of an absolute root) by their
+    text, which a Path keeps normalised: a Path per parent of every file cost more than reading
+    the rest of an msprobe tree's description."""
+    if all(r.is_absolute() and r != r.parent for r in roots) and all(f.is_absolute() for f in files):
+        prefixes = tuple(str(r) + os.sep for r in roots)     # "/a/rank0/"
+        return [f for f in files if not str(f).startswith(prefixes)]
+    return [f for f in files if not any(p in roots for p in f.parents)]
 
 
 def _read_msprobe(dirs: list[Path], errors: list[tuple[str, str]]) -> list[DumpTensor]:
@@ -97,6 +105,7 @@ def _read_msprobe(dirs: list[Path], errors: list[tuple[str, str]]) -> list[DumpT
 def _read_cann(files: list[Path], errors: list[tuple[str, str]]) -> list[DumpTensor]:
     """Tensors of every CANN dump directory, with step and rank from the directory's path; the
     execution order runs on across directories of the same (step, rank)."""
+    from .cann import dump_dir_location, list_dump_dir
     tensors: list[DumpTensor] = []
     next_order: dict[tuple, int] = {}
     for d in sorted({str(f.parent) for f in files}):
@@ -117,6 +126,7 @@ def _read_cann(files: list[Path], errors: list[tuple[str, str]]) -> list[DumpTen
 
 
 def _read_mindspore(dirs: list[str], csvs: list[Path], errors: list[tuple[str, str]]) -> list[DumpTensor]:
+    from .mindspore import read_mindspore_npy_dir, read_statistic_csv
     tensors: list[DumpTensor] = []
     for d in dirs:
         try:
@@ -179,7 +189,11 @@ def discover(path: Path, files: list[Path] | None = None, cache: ScanCache | Non
         w = walk(path)
         files, errors = w.files, w.errors
     rank_dirs = {f.parent for f in files if f.name == "dump.json"}
-    rest = [f for f in files if f.name != "dump.json" and not _inside(f, rank_dirs)] if rank_dirs else files
+    rest = _outside([f for f in files if f.name != "dump.json"], rank_dirs) if rank_dirs else files
+    if not rest:
+        return _found({"msprobe": _read_msprobe(list(rank_dirs), errors)} if rank_dirs else {}, errors)
+    from .cann import parse_dump_name
+    from .mindspore import parse_npy_name
     cann = [f for f in rest if parse_dump_name(f.name)]
     if cann:   # .npy files beside CANN dumps are their conversions (msaccucmp, precision_tool): not a tree
         cann_dirs = {f.parent for f in cann}
@@ -196,6 +210,12 @@ def discover(path: Path, files: list[Path] | None = None, cache: ScanCache | Non
         found["mindspore"] = _read_mindspore(ms_dirs, csvs, errors)
     if plain:
         found["npy"] = _read_npy(plain, path if path.is_dir() else path.parent, errors, cache, unreadable)
+    return _found(found, errors)
+
+
+def _found(found: dict[str, list[DumpTensor]], errors: list[tuple[str, str]],
+           ) -> tuple[list[DumpTensor], list[tuple[str, str]], str]:
+    """discover's answer from the tensors of each kind of tree found."""
     if not found:
         return [], errors, "npy"   # nothing recognised: an (empty) .npy tree, as before
     kinds = [k for k in KINDS if k in found]

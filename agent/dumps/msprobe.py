@@ -264,3 +264,17 @@ def list_msprobe_dump(root: str | os.PathLike) -> list[DumpTensor]:
     for rank_dir in find_rank_dirs(root):
         out.extend(read_msprobe_rank_dir(rank_dir))
     return out
+
+
+def inf_extremes(mx: float | None, mn: float | None, pos_inf: int, neg_inf: int,
+                 ) -> tuple[float | None, float | None]:
+    """(max, min) as msprobe writes them: +Inf when an element is +Inf (-Inf likewise), the
+    finite extreme otherwise; a tensor of only +Inf has min +Inf too. NaN elements are left out
+    (they are counted apart): a tensor of only NaN has neither."""
+    if pos_inf:
+        mx = math.inf
+        mn = mn if mn is not None else (-math.inf if neg_inf else math.inf)
+    if neg_inf:
+        mn = -math.inf
+        mx = math.inf if pos_inf else (mx if mx is not None else -math.inf)
+    return mx, mn

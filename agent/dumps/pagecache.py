@@ -19,7 +19,6 @@ default lease signal, SIGIO, would kill the process). Anywhere else the scanner 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import mmap
@@ -36,10 +35,20 @@ LEASE_SIGNAL = signal.SIGURG
 LOCAL_FS = {0xEF53: "ext2/3/4", 0x58465342: "xfs", 0x9123683E: "btrfs", 0x01021994: "tmpfs",
             0xF2F52010: "f2fs", 0x2FC12FC1: "zfs", 0xCA451A4E: "bcachefs"}
 
+def _load_libc() -> ctypes.CDLL:
+    """glibc's by its soname; elsewhere (musl) the one ``find_library`` names, whose search
+    (``ldconfig -p`` in a child process, ~10 ms) every command importing this module paid."""
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        from ctypes.util import find_library
+        return ctypes.CDLL(find_library("c") or "libc.so", use_errno=True)
+
+
 _libc: ctypes.CDLL | None = None
 if sys.platform.startswith("linux"):
     try:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc = _load_libc()
         _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         _libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
         _libc.syscall.restype = ctypes.c_long

@@ -24,17 +24,16 @@ from pathlib import Path
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Iterator
 
-import numpy as np
 
 from ..health import beat, bind, bound
 from ..model import TensorStats
 from .cann import dump_dir_location, parse_dump_name
 from .cache import ScanCache
-from .discovery import MAX_FILES, Walk, discover, walk  # noqa: F401 - discover is re-exported (compare)
+from .discovery import MAX_FILES, Walk, discover, walk  # noqa: F401 - discover is re-exported
+from .msprobe import inf_extremes  # noqa: F401 - re-exported
+from .tensorstats import statistics, tensor_bytes
 from .opdebug import find_overflow_ops
-from .scanner import scan_array
 from .types import DumpError, DumpTensor
-from .windows import scan_region
 
 MAX_UNREADABLE = 16        # unreadable tensors named in first_nonfinite["unreadable_before"]
 MAX_OPDEBUG_FILES = 10_000  # per scan: each is decoded, and each overflow becomes a JSON entry
@@ -69,47 +68,6 @@ def overflows(files: list[Path], tensors: list[DumpTensor], errors: list[tuple[s
                         "debug_file": op.debug_file, "file": op.path})
     out.sort(key=lambda o: (o["timestamp"] is None, o["timestamp"] or 0, os.path.basename(o["debug_file"])))
     return out
-
-
-def tensor_bytes(t: DumpTensor) -> int:
-    """How many bytes of data one pass over ``t`` reads (0 for statistics-only tensors)."""
-    if t.load is None:
-        return 0
-    try:
-        size = 2 if t.dtype == "bfloat16" else np.dtype(t.dtype).itemsize
-    except TypeError:
-        size = 1
-    return math.prod(t.shape) * size
-
-
-def statistics(t: DumpTensor, threads: int = 1, on_bytes: Callable[[int], None] | None = None,
-               drop_cache: bool = True) -> TensorStats:
-    """The tensor's statistics: given by the dump, or computed in one pass over its data (read in
-    bounded chunks where the data lies in a file: agent/dumps/windows.py; ``drop_cache``: drop
-    the pages read from the page cache). ``on_bytes(n)``: called as the pass advances, n bytes at
-    a time."""
-    if t.load is None:
-        if t.stats is None:
-            raise DumpError(f"{t.path or t.name}: neither data nor statistics")
-        return replace(t.stats, step=t.step, rank=t.rank, path=t.path)
-    advance = counted = None
-    if on_bytes is not None:
-        lock = threading.Lock()
-
-        def counted(n: int) -> None:
-            with lock:
-                on_bytes(n)
-
-        def advance(start: int, end: int) -> None:   # the scanner's page-release hook
-            counted(end - start)
-    region = t.region() if t.region is not None else None
-    if region is not None:
-        s = scan_region(region, dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads,
-                        drop_cache=drop_cache, on_bytes=counted)
-    else:
-        s = scan_array(t.load(), dtype=t.dtype, name=t.name, io=t.io, index=t.index, threads=threads,
-                       _release=advance)
-    return replace(s, step=t.step, rank=t.rank, path=t.path)
 
 
 def _op_key(t: DumpTensor) -> tuple:
@@ -281,20 +239,6 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
     return {"path": str(path), "layout": layout, "layouts": layouts, "tensors": [asdict(s) for s in stats],
             "first_nonfinite": first, "overflows": found, "fusion_suspect": fusion_suspect_of(op, errors=out_errors),
             "errors": out_errors, "warnings": []}
-
-
-def inf_extremes(mx: float | None, mn: float | None, pos_inf: int, neg_inf: int,
-                 ) -> tuple[float | None, float | None]:
-    """(max, min) as msprobe writes them: +Inf when an element is +Inf (-Inf likewise), the
-    finite extreme otherwise; a tensor of only +Inf has min +Inf too. NaN elements are left out
-    (they are counted apart): a tensor of only NaN has neither."""
-    if pos_inf:
-        mx = math.inf
-        mn = mn if mn is not None else (-math.inf if neg_inf else math.inf)
-    if neg_inf:
-        mn = -math.inf
-        mx = math.inf if pos_inf else (mx if mx is not None else -math.inf)
-    return mx, mn
 
 
 def with_inf_extremes(t: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import struct
-import zipfile
 import zlib
 from typing import NamedTuple
 
@@ -34,6 +33,8 @@ _FLAGS_OK = 0x808                               # data descriptor, UTF-8 names
 
 
 class Member(NamedTuple):
+    """One stored member, with the two fields the readers use under zipfile.ZipInfo's names."""
+
     name: str
     header_offset: int
     size: int
@@ -49,14 +50,6 @@ class Member(NamedTuple):
     @property
     def file_size(self) -> int:
         return self.size
-
-    def zipinfo(self) -> zipfile.ZipInfo:
-        """The member as zipfile describes it (the fields the readers use)."""
-        info = zipfile.ZipInfo(self.name)
-        info.flag_bits, info.compress_type, info.CRC = self.flags, zipfile.ZIP_STORED, self.crc
-        info.compress_size = info.file_size = self.size
-        info.header_offset, info.extract_version, info.extra = self.header_offset, self.extract_version, self.extra
-        return info
 
 
 class StoredZip:
@@ -114,10 +107,13 @@ def _name(raw: bytes, flags: int) -> str | None:
         return None
 
 
-def read_stored_zip(fd: int, *, max_members: int, max_uncompressed: int) -> StoredZip | None:
-    """The directory of the zip open at ``fd``, or None when it is not the plain layout (see the
-    module docstring) or breaks a limit (zipfile's path then says which)."""
-    size = os.fstat(fd).st_size
+def read_stored_zip(fd: int, *, max_members: int, max_uncompressed: int,
+                    size: int | None = None) -> StoredZip | None:
+    """The directory of the zip open at ``fd`` (``size``: its size, when the caller has it from
+    its own ``fstat``), or None when it is not the plain layout (see the module docstring) or
+    breaks a limit (zipfile's path then says which)."""
+    if size is None:
+        size = os.fstat(fd).st_size
     if size < _EOCD.size:
         return None
     head = os.pread(fd, min(HEAD, size), 0)

@@ -23,14 +23,15 @@ import mmap
 import os
 import pickle
 import re
+import stat
 import zipfile
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from ..safeio import memmap_regular, open_regular
+from ..safeio import memmap_regular
 from .npy import SLACK, member_array, open_zip, read_member, stored_data_offset
-from .storedzip import read_stored_zip
+from .storedzip import Member, read_stored_zip
 from .types import DumpError, DumpTensor, FileRegion, ZipRegion
 
 MAX_PICKLE = 1 << 20
@@ -60,15 +61,15 @@ class _StorageType:
         return f"torch.{self.name}"
 
 
-@dataclass(frozen=True, slots=True)
-class _Storage:
+# The descriptions are NamedTuples (immutable, so the cache below can share them): one is built
+# at every start of a command that reads a dump, and a dataclass costs ~5x more to define.
+class _Storage(NamedTuple):
     key: str
     stype: str          # storage type name, copied at load time
     numel: int
 
 
-@dataclass(frozen=True, slots=True)
-class TensorRef:
+class TensorRef(NamedTuple):
     """What data.pkl describes: a view of one storage."""
 
     storage: _Storage
@@ -159,14 +160,13 @@ def _unpickle(data: bytes) -> TensorRef:
     return obj
 
 
-@dataclass(frozen=True)
-class PtInfo:
+class PtInfo(NamedTuple):
     path: str
     dtype: str                  # reported name ("bfloat16" for raw uint16 words)
     np_dtype: np.dtype
     shape: tuple[int, ...]
     ref: TensorRef
-    member: zipfile.ZipInfo
+    member: zipfile.ZipInfo | Member   # the fast path's Member (name, size) where data_offset is set
     data_offset: int | None = None   # where a stored (uncompressed) member's bytes start: load maps it directly
 
 
@@ -190,12 +190,15 @@ def open_pt(path: str | os.PathLike, limit: int = 8 << 30) -> np.ndarray:
 def _fast(path: str, max_members: int, max_uncompressed: int, load: bool) -> tuple[PtInfo, np.ndarray | None] | None:
     """The plain layout (storedzip.py) read through one descriptor: the description and, with
     ``load``, the tensor mapped from the same descriptor. None: take zipfile's path."""
-    try:
-        fd = open_regular(path)
+    try:   # open_regular's checks, less the two fcntl calls that clear O_NONBLOCK: pread and mmap
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # ignore it on a regular file
     except OSError:
         return None   # the zipfile path opens it again and says why
     try:
-        z = read_stored_zip(fd, max_members=max_members, max_uncompressed=max_uncompressed)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None   # (zipfile's path refuses it, naming what it is)
+        z = read_stored_zip(fd, max_members=max_members, max_uncompressed=max_uncompressed, size=st.st_size)
         if z is None:
             return None
         pkls = [n for n in z.members if n.endswith("/data.pkl") and n.count("/") == 1]
@@ -216,8 +219,7 @@ def _fast(path: str, max_members: int, max_uncompressed: int, load: bool) -> tup
         data_offset = z.data_offset(stored)
         if data_offset is None:
             return None
-        member = stored.zipinfo()
-        info = _checked(path, ref, raw_order.strip() == b"big", member, data_offset)
+        info = _checked(path, ref, raw_order.strip() == b"big", stored, data_offset)
         if not load or info.np_dtype.itemsize * ref.storage.numel > _MAP_HERE or not all(ref.size):
             return info, None   # large tensors: np.memmap, whose pages a compare can drop behind it
         start = data_offset - data_offset % mmap.ALLOCATIONGRANULARITY
@@ -249,7 +251,7 @@ def _inspect_zipfile(path: str, max_members: int, max_uncompressed: int) -> PtIn
     return _checked(path, ref, big, member, data_offset)
 
 
-def _checked(path: str, ref: TensorRef, big: bool, member: zipfile.ZipInfo, data_offset: int | None) -> PtInfo:
+def _checked(path: str, ref: TensorRef, big: bool, member: zipfile.ZipInfo | Member, data_offset: int | None) -> PtInfo:
     np_code, name = STORAGE_DTYPES[ref.storage.stype]
     dtype = np.dtype(np_code)
     if big:

@@ -12,10 +12,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from .graph import GeGraph, GraphFormatError, read_graph_file
-from .report import FusionReport, FusionReportError, load_reports
+if TYPE_CHECKING:   # their parsers are imported where a file is read: most dump trees hold neither
+    from .graph import GeGraph
+    from .report import FusionReport
 
 REPORT_GLOB = "fusion_result*.json"
 GRAPH_GLOB = "ge_proto_*_Build.txt"
@@ -105,11 +106,13 @@ def load_context(graph: str | None = None, reports: list[str] | None = None, roo
     graph_file = graph or (str(found_graph) if found_graph else None)
     report_files = reports or ([str(found_report)] if found_report else [])
     if graph_file:
+        from .graph import GraphFormatError, read_graph_file
         try:
             ctx.graph = read_graph_file(graph_file)
         except (GraphFormatError, OSError) as exc:
             ctx.errors.append(f"{graph_file}: {exc}")
     if report_files:
+        from .report import FusionReportError, load_reports
         try:
             ctx.report = load_reports(report_files)
         except (FusionReportError, OSError) as exc:

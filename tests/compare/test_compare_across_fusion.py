@@ -176,3 +176,14 @@ def test_a_broken_user_catalogue_is_an_error_not_a_silent_switch_off(tmp_path):
     assert c["fusion_suspect"] is None
     (e,) = [e for e in c["errors"] if e["path"] == "fusion catalogue"]
     assert str(bad) in e["reason"]
+
+
+def test_a_broken_catalogue_is_listed_only_by_a_compare_that_consults_it(tmp_path):
+    """Two identical trees: no first diverging op, every name paired, so no fused API is looked up
+    and nothing is switched off by the broken file: a clean exit 0, as `scan` of a tree without a
+    bad op; the same file with a diverging op is listed (the test above)."""
+    bad = tmp_path / "apis.yml"
+    bad.write_text("fused_apis: [{api: x}]\n")
+    rc, c = _with_catalogue(bad, "compare", FIX / "off", FIX / "off")
+    assert rc == 0 and c["identical"] is True
+    assert [e for e in c["errors"] if e["path"] == "fusion catalogue"] == []
