@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from precision_agent.readers.runs import run_labels
 
@@ -37,14 +39,19 @@ from . import common
 from .trainer_runs import CACHE, PINNED, SERIES, Run, ensure_venv, newest, runs_for, train
 
 SOURCES = ("train.log", "events.out.tfevents.*", "metrics.csv")
+EVALUATION_INTERVAL_S = 1.0   # the daemon's default evaluation_interval
+SETTLE_EVALUATIONS = 2        # rule evaluations waited for once the daemon has parsed every record
+SETTLE_LIMIT_S = 60.0         # the deadline of those conditions after the trainer's end
 
 
 def versions(pinned: bool) -> list[tuple[str, str]]:
-    out = []
-    for trainer, prefixes in SERIES.items():
-        for prefix, pin in zip(prefixes, PINNED[trainer]):
-            out.append((trainer, pin if pinned else (newest(trainer, prefix) or pin)))
-    return out
+    wanted = [(trainer, prefix, pin) for trainer, prefixes in SERIES.items()
+              for prefix, pin in zip(prefixes, PINNED[trainer])]
+    if pinned:
+        return [(trainer, pin) for trainer, _prefix, pin in wanted]
+    with ThreadPoolExecutor(len(wanted)) as pool:  # one ``pip index`` look-up each, at once
+        found = list(pool.map(lambda w: newest(w[0], w[1]), wanted))
+    return [(trainer, got or pin) for (trainer, _prefix, pin), got in zip(wanted, found)]
 
 
 def sources(run_dir: Path) -> list[Path]:
@@ -155,31 +162,65 @@ def _follow(run: Run, out: Path, agent: common.AgentProcess, seen: dict[str, dic
     if proc.poll() is None:
         proc.kill()
     proc.wait()
-    settle = time.monotonic() + 10  # the daemon's last reads (debounce, resync) after the trainer's end
-    while time.monotonic() < settle:
-        _daemon_pages(agent, seen)
-        time.sleep(0.2)
+    srcs = sources(out)
+    with ThreadPoolExecutor(max(1, len(srcs))) as pool:  # the replays run while the daemon is polled
+        pending = pool.map(replay, srcs)
+        reps = _settle(run, out, agent, seen, srcs, pending)
     fault_file = out / "fault_at"
     fault_at = float(fault_file.read_text()) if fault_file.exists() else None
     rows = []
-    for src in sources(out):
-        rep, _rc = replay(src)
-        page = seen.get(str(src)) or seen.get(str(src.resolve())) or \
-            seen.get("run:" + run_labels(str(src), "file", {}, str(out))["run"])
-        rows.append(judge(run, src, rep, page, fault_at)
-                    | {"exit": proc.returncode})
+    for src, (rep, _rc) in zip(srcs, reps):
+        rows.append(judge(run, src, rep, _page_of(run, out, src, seen), fault_at) | {"exit": proc.returncode})
     if not rows:
         rows.append({"trainer": run.name, "variant": run.variant, "source": "-", "ok": False,
                      "why": f"the trainer wrote nothing (exit {proc.returncode}); see {out / 'train.log'}"})
     return rows
 
 
+def _page_of(run: Run, out: Path, src: Path, seen: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    return seen.get(str(src)) or seen.get(str(src.resolve())) or \
+        seen.get("run:" + run_labels(str(src), "file", {}, str(out))["run"])
+
+
+def _settle(run: Run, out: Path, agent: common.AgentProcess, seen: dict[str, dict[str, Any]], srcs: list[Path],
+            pending: Iterator[tuple[dict[str, Any] | None, int]], limit: float = SETTLE_LIMIT_S
+            ) -> list[tuple[dict[str, Any] | None, int]]:
+    """The daemon's last reads after the trainer's end, waited for as conditions, not a window:
+    it has parsed every record replay finds in the run's sources (``log_records_parsed_total``),
+    then its rules have run ``SETTLE_EVALUATIONS`` more evaluation intervals (a healthy run's late
+    page would show there), and a faulty run's every source has its page. ``limit`` is a deadline."""
+    reps = list(pending)
+    want = sum(rep["records"] for rep, _rc in reps if rep)
+    deadline = time.monotonic() + limit
+    caught_up: float | None = None
+    while time.monotonic() < deadline:
+        _daemon_pages(agent, seen)
+        if caught_up is None and _records_parsed(agent) >= want:
+            caught_up = time.monotonic()
+        if caught_up is not None and time.monotonic() - caught_up >= SETTLE_EVALUATIONS * EVALUATION_INTERVAL_S \
+                and (not run.fault or all(_page_of(run, out, s, seen) for s in srcs)):
+            break
+        time.sleep(0.2)
+    _daemon_pages(agent, seen)
+    return reps
+
+
+def _records_parsed(agent: common.AgentProcess) -> float:
+    try:
+        return sum(common.metric_values(agent.metrics(), "precision_agent_log_records_parsed_total"))
+    except (OSError, common.AgentError):
+        return 0.0
+
+
 def run_canary(pinned: bool = False, only: list[str] | None = None, root: Path | None = None,
-               timeout: float = 600) -> dict[str, Any]:
+               timeout: float = 600, jobs: int = 0) -> dict[str, Any]:
+    """Every run of every version; ``jobs`` runs at a time (each trainer uses one core, its
+    daemon little; 0: one per core, at most 2), each with its own daemon and folder."""
     tmp = None if root is not None else tempfile.TemporaryDirectory(prefix="precision-agent-trainers-")
     root = root or Path(tmp.name)  # type: ignore[union-attr]
     root.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
+    jobs = jobs or max(1, min(2, os.cpu_count() or 1))
+    runs: list[Run] = []
     skipped: list[dict[str, str]] = []
     try:
         for trainer, version in versions(pinned):
@@ -191,12 +232,18 @@ def run_canary(pinned: bool = False, only: list[str] | None = None, root: Path |
                 except Exception as exc:  # noqa: BLE001 - reported, the other trainers go on
                     skipped.append({"trainer": run.name, "why": f"does not install: {exc}"})
                     break
-                got = run_one(run, root, timeout)
-                if trainer == "deepspeed" and any(r.get("exit") for r in got):
-                    # it installs but cannot run here (its CPU ops build with a C++ compiler and ninja)
+                runs.append(run)
+        with ThreadPoolExecutor(jobs) as pool:
+            results = list(pool.map(lambda r: run_one(r, root, timeout), runs))
+        rows: list[dict[str, Any]] = []
+        failed_to_run: set[str] = set()
+        for run, got in zip(runs, results):
+            if run.trainer == "deepspeed" and any(r.get("exit") for r in got):
+                # it installs but cannot run here (its CPU ops build with a C++ compiler and ninja)
+                if run.name not in failed_to_run:
                     skipped.append({"trainer": run.name, "why": f"does not run: see {root / run.name / run.variant}"})
-                    break
-                rows += got
+                failed_to_run.add(run.name)
+        rows = [r for run, got in zip(runs, results) if run.name not in failed_to_run for r in got]
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -208,10 +255,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pinned", action="store_true", help="the fixtures' versions instead of the newest releases")
     p.add_argument("--only", action="append", help="a trainer (transformers, lightning, deepspeed) or run name")
     p.add_argument("--root", type=Path, default=None, help="keep the runs here (default: a tmp dir, removed)")
+    p.add_argument("--jobs", type=int, default=0, help="runs at a time (default: one per core, at most 2)")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    return run_canary(pinned=args.pinned, only=args.only, root=args.root)
+    return run_canary(pinned=args.pinned, only=args.only, root=args.root, jobs=args.jobs)
 
 
 def report(res: dict[str, Any]) -> str:

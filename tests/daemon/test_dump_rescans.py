@@ -42,11 +42,14 @@ def _unreadable(agent: AgentProcess) -> float:
                for c in ("io", "truncated", "limit", "invalid"))
 
 
-def test_junk_files_are_counted_once_and_not_logged_again_on_rescans(tmp_path):
-    dumps = tmp_path / "dumps"
-    dumps.mkdir()
+def test_junk_files_are_counted_once_and_not_logged_again_on_rescans(tmp_path, many_files_dir):
+    dumps = many_files_dir   # on a tmpfs where there is one: 50,000 files made and removed in seconds
     for i in range(JUNK):   # tiny junk named like dumps, there before the agent starts
-        (dumps / f"{i:06d}.npy").write_bytes(b"x")
+        fd = os.open(dumps / f"{i:06d}.npy", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
     agent = _agent(tmp_path, dumps).start()
     try:
         # minutes on a loaded 2-core machine (a few seconds alone): a deadline, not a timing
