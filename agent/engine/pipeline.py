@@ -15,9 +15,10 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable, Protocol
 
 from .alerts import AlertBook
+from .catchup import RUN_MAX, judge_run
 from ..detectors import Clear, Detector, Hit
 from ..detectors.base import slots_of
-from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample, SourcePos, gc_paused
+from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample, gc_paused
 from .rulefile import Rule, RuleSet
 from .suspect import SuspectJudge
 from ..series.state import SeriesState
@@ -190,65 +191,44 @@ class Pipeline:
                 self.alerts.clear(rule, _alert_labels(labels, rule), now)
 
     def process(self, samples: Iterable[Sample]) -> list[Finding]:
-        """Judge ``samples`` in order. The hot loop of a backlog: a run of samples of one series
-        (the values of a record, the records of a file) finds its series and its table of rules
-        once (``_table_for``), and a rule that needs one sample of a record
-        (``Detector.once_per_record``) observes only the first it is given."""
+        """Judge ``samples`` in order. The samples of one series in a row (the values of a record,
+        the records of a file) are judged as one run (agent/engine/catchup.py): the run finds its
+        series and its table of rules once, a rule that needs one sample of a record
+        (``Detector.once_per_record``) observes only the first it is given, and a long run (a
+        backlog) leaves each rule out of the per-sample loop for as long as its plan
+        (``Detector.plan``) proves it would say nothing."""
         out: list[Finding] = []
         with self.lock, gc_paused():
-            tables = self._tables
-            on_accepted = self.on_accepted
-            cur: Labels | None = None  # the labels object of the series in hand
-            series: SeriesState | None = None
-            table: dict[str, tuple[Entry, ...]] = {}
-            rec: tuple[SourcePos | None, int | None] = (None, None)  # the record in hand: line, step
-            done = 0  # bits of the once-per-record rules that observed a sample of it
+            run: list[Sample] = []
+            cur: Labels | None = None  # the labels object of the run in hand
             for sample in samples:
                 metric = sample.metric
-                if metric in HINT_METRICS:
-                    self._hint(sample)
+                if metric in HINT_METRICS or metric in UNSERIED_METRICS:
+                    if run:
+                        self._run(cur, run, out)  # type: ignore[arg-type]
+                        run = []
+                    if metric in HINT_METRICS:
+                        self._hint(sample)
+                    else:  # reader health, host faults: judged, no series kept
+                        self.suspects.ledger.note(sample)  # device faults, rerun verdicts: suspect.py
+                        self._judge(sample, SeriesState(sample.labels), self._rules(sample.labels, metric), out)
                     continue
                 labels = sample.labels
-                if metric in UNSERIED_METRICS:  # reader health, host faults: judged, no series kept
-                    self.suspects.ledger.note(sample)  # device faults, rerun verdicts: suspect.py
-                    self._judge(sample, SeriesState(labels), self._rules(labels, metric), out)
-                    continue
-                if labels is not cur:  # (the same object again: already the most recent, already dirty)
-                    series = self.series_for(labels)
-                    self.dirty_series.add(labels)
+                if labels is not cur or len(run) >= RUN_MAX:
+                    if run:
+                        self._run(cur, run, out)  # type: ignore[arg-type]
+                        run = []
                     cur = labels
-                    table = tables.get(labels) or self._table_for(labels)
-                    rec = (None, None)
-                attempt = series.attempt
-                accepted_samples = series.ingest(sample)
-                if series.attempt != attempt:
-                    self._new_attempt(labels, sample.time)
-                    rec = (None, None)
-                for accepted in accepted_samples:
-                    if on_accepted is not None:
-                        on_accepted(accepted, series)
-                    if accepted.labels is not labels:  # not the series' own labels: every rule, no table
-                        self._judge(accepted, series, self._rules(accepted.labels, accepted.metric), out)
-                        continue
-                    rules = table.get(accepted.metric)
-                    if rules is None:
-                        rules = self._add(labels, accepted.metric)
-                    src = accepted.source
-                    if src is not rec[0] or accepted.step != rec[1] or src is None:
-                        rec, done = (src, accepted.step), 0
-                    for rule, observe, bit in rules:  # _judge, inline: once per value and rule
-                        if bit:
-                            if done & bit:
-                                continue  # it saw this record already: another value changes nothing
-                            done |= bit
-                        try:
-                            signal = observe(accepted, series)
-                        except Exception as exc:  # one broken rule must not stop the others
-                            self._detector_failed(rule, exc)
-                            continue
-                        if signal is not None:  # most samples change nothing
-                            self._signals(rule, signal, accepted.time, out)
+                run.append(sample)
+            if run:
+                self._run(cur, run, out)  # type: ignore[arg-type]
         return out
+
+    def _run(self, labels: Labels, run: list[Sample], out: list[Finding]) -> None:
+        """A run of samples of one series (``labels``, the same object for each): catchup.py."""
+        series = self.series_for(labels)
+        self.dirty_series.add(labels)
+        judge_run(self, labels, series, self._tables.get(labels) or self._table_for(labels), run, out)
 
     def _judge(self, sample: Sample, series: SeriesState, rules: tuple[Entry, ...], out: list[Finding]) -> None:
         """Every rule of ``rules`` observes one accepted sample; their findings go to ``out``."""
