@@ -25,7 +25,7 @@ from ..model import Sample
 class RunView:
     """The samples of one run (one series, in order), by metric."""
 
-    __slots__ = ("samples", "n", "_index", "_values", "_merged", "_producer")
+    __slots__ = ("samples", "n", "_index", "_values", "_merged", "_producer", "_attrs")
 
     def __init__(self, samples: list[Sample]) -> None:
         self.samples = samples
@@ -34,6 +34,7 @@ class RunView:
         self._values: dict[str, np.ndarray] = {}
         self._merged: dict[frozenset[str], list[int]] = {}
         self._producer: Any = False  # not computed yet
+        self._attrs: dict[str, int] = {}
 
     def index(self, metric: str) -> list[int]:
         """Positions (in the run) of the samples of ``metric``, in order."""
@@ -92,14 +93,17 @@ class RunView:
 
     def with_attrs(self, metric: str) -> int:
         """Position of the first sample of ``metric`` that carries attributes (or the length)."""
-        samples = self.samples
-        return next((i for i in self.index(metric) if samples[i].attrs), self.n)
+        at = self._attrs.get(metric)
+        if at is None:
+            samples = self.samples
+            at = self._attrs[metric] = next((i for i in self.index(metric) if samples[i].attrs), self.n)
+        return at
 
     def producer(self) -> str | None:
         """The one producer of every sample of the run; None where they differ."""
         if self._producer is False:
-            first = self.samples[0].producer if self.samples else ""
-            self._producer = first if all(s.producer == first for s in self.samples) else None
+            producers = {s.producer for s in self.samples}
+            self._producer = producers.pop() if len(producers) == 1 else None
         return self._producer
 
 

@@ -25,6 +25,9 @@ from ..series.state import SeriesState
 
 log = logging.getLogger(__name__)
 
+_APART = HINT_METRICS | UNSERIED_METRICS  # samples judged on their own, between runs
+
+
 class DetectorMemory(Protocol):
     """What the pipeline asks of a detector memory book (store/book.py: ``MemoryBook``)."""
 
@@ -88,8 +91,11 @@ class Pipeline:
     def set_rules(self, rules: RuleSet) -> None:
         with self.lock:
             self.rules = rules
-            # labels -> metric -> the rules that judge it (``_add``)
+            # labels -> metric -> the rules that judge it (``_add``); series that the rules' label
+            # matchers treat alike share one table (``_shared``, by the matchers they pass)
             self._tables: dict[Labels, dict[str, tuple[Entry, ...]]] = {}
+            self._shared: dict[tuple[int, ...], dict[str, tuple[Entry, ...]]] = {}
+            self._matching = [r for r in rules.rules if r.matchers]
             self._bits = {id(r): 1 << i for i, r in enumerate(rules.rules)}
             self._rules_by_name = {r.name: r for r in rules.rules}
             # only kinds that override tick() are asked every evaluation interval
@@ -203,7 +209,7 @@ class Pipeline:
             cur: Labels | None = None  # the labels object of the run in hand
             for sample in samples:
                 metric = sample.metric
-                if metric in HINT_METRICS or metric in UNSERIED_METRICS:
+                if metric in _APART:
                     if run:
                         self._run(cur, run, out)  # type: ignore[arg-type]
                         run = []
@@ -249,13 +255,20 @@ class Pipeline:
                 out.append(f)
 
     def _table_for(self, labels: Labels) -> dict[str, tuple[Entry, ...]]:
-        """The series' table: metric -> the rules that judge it (``_add``); the rules' matchers
-        are asked once per series and metric."""
+        """The series' table: metric -> the rules that judge it (``_add``). The rules' matchers
+        are asked once per series; the series whose labels pass the same matchers (most: the
+        shipped rules match every series) share one table, so a followed file costs one entry
+        here, not a table of its own."""
         table = self._tables.get(labels)
         if table is None:
             if len(self._tables) >= DISPATCH_MAX:
                 self._tables.clear()
-            table = self._tables[labels] = {}
+                self._shared.clear()
+            key = tuple(i for i, r in enumerate(self._matching) if r.matches(labels))
+            table = self._shared.get(key)
+            if table is None:
+                table = self._shared[key] = {}
+            self._tables[labels] = table
         return table
 
     def _rules(self, labels: Labels, metric: str) -> tuple[Entry, ...]:
