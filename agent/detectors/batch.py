@@ -25,11 +25,12 @@ from ..model import Sample
 class RunView:
     """The samples of one run (one series, in order), by metric."""
 
-    __slots__ = ("samples", "n", "_index", "_values", "_merged", "_producer", "_attrs")
+    __slots__ = ("samples", "n", "_names", "_index", "_values", "_merged", "_producer", "_attrs")
 
     def __init__(self, samples: list[Sample]) -> None:
         self.samples = samples
         self.n = len(samples)
+        self._names: np.ndarray | None = None  # the samples' metrics
         self._index: dict[str, list[int]] | None = None
         self._values: dict[str, np.ndarray] = {}
         self._merged: dict[frozenset[str], list[int]] = {}
@@ -41,7 +42,8 @@ class RunView:
         idx = self._index
         if idx is None:
             names = [s.metric for s in self.samples]
-            idx = self._index = {m: [i for i, x in enumerate(names) if x == m] for m in set(names)}
+            arr = self._names = np.array(names)
+            idx = self._index = {m: np.flatnonzero(arr == m).tolist() for m in set(names)}
         return idx.get(metric, [])
 
     def metrics(self) -> set[str]:
@@ -70,7 +72,8 @@ class RunView:
         """Positions of the samples of any of ``metrics``, in order."""
         out = self._merged.get(metrics)
         if out is None:
-            out = self._merged[metrics] = sorted(i for m in metrics for i in self.index(m))
+            self.index("")
+            out = self._merged[metrics] = np.flatnonzero(np.isin(self._names, list(metrics))).tolist()
         return out
 
     def at(self, metric: str, k: int) -> int:

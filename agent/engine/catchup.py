@@ -58,10 +58,11 @@ def judge_run(pl: "Pipeline", labels: Labels, series: SeriesState, table: dict[s
                 del bulk[key]
         if bulk:
             live = _live(table, bulk)
+    unjudged = {m for m, entries in live.items() if not entries}  # metrics no rule observes one by one
 
     def release(keys: list[int], upto: int) -> None:
         """The rules ``keys`` absorb the run's samples before ``upto`` and observe from there."""
-        nonlocal live, next_at
+        nonlocal live, next_at, unjudged
         for k in keys:
             rule, metrics, _at = bulk.pop(k)
             if upto > 0:
@@ -70,18 +71,23 @@ def judge_run(pl: "Pipeline", labels: Labels, series: SeriesState, table: dict[s
                 except Exception as exc:
                     pl._detector_failed(rule, exc)
         live = _live(table, bulk) if bulk else table
+        unjudged = {m for m, entries in live.items() if not entries}
         next_at = min((b[2] for b in bulk.values()), default=n)
 
     next_at = min((b[2] for b in bulk.values()), default=n)
     on_accepted = pl.on_accepted
     rec: tuple[SourcePos | None, int | None] = (None, None)  # the record in hand: line, step
     done = 0  # bits of the once-per-record rules that observed a sample of it
+    ingest = series.ingest
     for i in range(n):
         sample = run[i]
         if i >= next_at:
             release([k for k, b in bulk.items() if b[2] <= i], i)
         attempt = series.attempt
-        accepted_samples = series.ingest(sample)
+        accepted_samples = ingest(sample)
+        if accepted_samples.__class__ is tuple and sample.metric in unjudged and on_accepted is None \
+                and series.attempt == attempt:
+            continue  # the common case (``(sample,)``: the value alone) with no rule to observe it
         if series.attempt != attempt:
             if bulk:
                 release(list(bulk), i)
