@@ -54,11 +54,10 @@ from typing import Annotated, Any, Callable, Literal
 
 from pydantic import Field, model_validator
 
-from ..model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, OVERFLOW, Labels, Sample
+from ..model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, OVERFLOW, Sample
 from ..series.state import SeriesState
 from . import loss_scale_bulk
 from .base import Clear, Detector, Hit, Params, PerSeries, step_of
-from .batch import RunView
 
 # framework -> defaults; the comments name the initial scale, back-off rule and minimum of each
 PRESETS: dict[str, dict[str, Any]] = {
@@ -170,11 +169,7 @@ class LossScaleDetector(Detector[LossScaleParams]):
         # last step for them all) find it judged; an overflow event is always counted
         return self.params.condition == "overflow_ratio" and metric != OVERFLOW
 
-    def plan(self, labels: Labels, run: RunView, metrics: frozenset[str]) -> int:
-        return loss_scale_bulk.plan(self, labels, run, metrics) if type(self).observe is _OBSERVE else 0
-
-    def absorb(self, labels: Labels, run: RunView, metrics: frozenset[str], upto: int) -> None:
-        loss_scale_bulk.absorb(self, labels, run, metrics, upto)
+    plan, absorb = loss_scale_bulk.plan, loss_scale_bulk.absorb  # catching up on a backlog
 
     # -- floor -----------------------------------------------------------------------------------
     def _floor(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:

@@ -20,6 +20,9 @@ _STEPPED = frozenset({LOSS, LEARNING_RATE, LOSS_SCALE})  # overflow_ratio: value
 
 
 def plan(det: "LossScaleDetector", labels: Labels, run: RunView, metrics: frozenset[str]) -> int:
+    from .loss_scale import _OBSERVE  # (imported here: loss_scale imports this module)
+    if type(det).observe is not _OBSERVE:
+        return 0  # observe was replaced: that is what is asked, sample by sample
     cond = det.params.condition
     if cond == "overflow_ratio":
         return _ratio_plan(det, labels, run, metrics)
