@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..detectors import Detector
 from ..detectors.batch import RunView
 from ..model import Finding, Labels, Sample, SourcePos
 from ..series.state import SeriesState
@@ -50,7 +51,8 @@ def judge_run(pl: "Pipeline", labels: Labels, series: SeriesState, table: dict[s
         for key, b in list(bulk.items()):
             b[1] = frozenset(b[1])
             try:
-                b[2] = b[0].detector.plan(labels, view, b[1])
+                det = b[0].detector
+                b[2] = det.plan(labels, view, b[1]) if _plans_for_observe(det) else 0
             except Exception:  # a plan that fails only costs time: the rule observes every sample
                 log.exception("rule %s: no plan for a run", b[0].name)
                 b[2] = 0
@@ -131,6 +133,22 @@ def judge_run(pl: "Pipeline", labels: Labels, series: SeriesState, table: dict[s
             release(list(bulk), i)
     if bulk:
         release(list(bulk), n)
+
+
+def _plans_for_observe(det: Any) -> bool:
+    """Whether the detector's plan speaks for what it observes: not when ``observe`` (or
+    ``observer``) was replaced on the instance, or by a subclass that inherited the plan."""
+    if "observe" in vars(det) or "observer" in vars(det):
+        return False
+    cls = type(det)
+    owns = _OWNS.get(cls)
+    if owns is None:
+        where = {name: next(c for c in cls.__mro__ if name in vars(c)) for name in ("plan", "observe", "observer")}
+        owns = _OWNS[cls] = where["plan"] is where["observe"] and where["observer"] in (where["plan"], Detector)
+    return owns
+
+
+_OWNS: dict[type, bool] = {}
 
 
 def _live(table: dict[str, "tuple[Entry, ...]"], bulk: dict[int, list[Any]]) -> dict[str, "tuple[Entry, ...]"]:

@@ -156,15 +156,20 @@ def test_real_logs_agree_in_any_batches(name):
     assert outcome(samples, whole(1)) == one
 
 
+def steady_backlog(tmp_path, lines):
+    """The samples of a healthy Megatron backlog: a slowly falling loss, a steady scale."""
+    path = tmp_path / "steady.log"
+    with open(path, "w") as f:
+        for it in range(1, lines + 1):
+            f.write(_line(it, 6.5 - it * 1e-4, 65536.0, 2.5))
+    return samples_of(path, {"job": "j"})
+
+
 def test_a_steady_backlog_is_judged_in_bulk(tmp_path):
     """Catching up on a healthy backlog, every rule's plan covers whole runs once its memory is
     warm (a rule that always observed would make catch-up slow, not wrong: this guards the speed
     the bench measures), and the answers still equal those of one sample at a time."""
-    path = tmp_path / "steady.log"
-    with open(path, "w") as f:
-        for it in range(1, 6001):
-            f.write(_line(it, 6.5 - it * 1e-4, 65536.0, 2.5))
-    samples = samples_of(path, {"job": "j"})
+    samples = steady_backlog(tmp_path, 6000)
     rules = RULES.fresh()
     plans: dict[str, list[tuple[int, int]]] = {}
     for rule in rules.rules:
@@ -208,3 +213,15 @@ groups:
             [Sample(labels, "loss", math.nan, 5, SourcePos("/x.log", 1))])]
     assert found == [("GptNaN", "gpt-1"), ("GptNaN", "gpt-2")]
     assert len({id(t) for t in p._tables.values()}) == 2  # one table per set of matchers passed
+
+
+def test_a_rule_whose_observe_was_replaced_observes_every_sample(tmp_path):
+    """A plan speaks for its kind's own ``observe``: replaced on the instance (a wrapper, a
+    probe), the rule is asked for every sample of a backlog, as one sample at a time would."""
+    samples = steady_backlog(tmp_path, 300)
+    rules = RULES.fresh()
+    (spike,) = rules.rule("TrainingLossSpike")
+    seen = []
+    spike.detector.observe = lambda sample, series: seen.append(sample.step)
+    Pipeline(rules).process(samples)
+    assert seen == list(range(1, 301))
