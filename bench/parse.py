@@ -9,7 +9,9 @@ parser.
 Goals (issues 13 and 21, catch-up speed): the reader alone at least 150k lines/s, the whole
 pipeline (series state and the shipped rules) at least 100k lines/s, 50k at the least; the ratio
 to the plain loop is shown for reference (no compiled reader: decided in issue 13). The pipeline's
-own part (the whole less the reader) is reported too: it is what the rules cost per line.
+own part (the whole less the reader) is reported too: it is what the series state and the rules
+cost per line (a backlog is judged in runs, each rule in bulk where its plan proves it quiet:
+agent/engine/catchup.py). On a loaded host compare the ratios of one run, not the figures.
 """
 
 from __future__ import annotations

@@ -11,13 +11,16 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from collections import OrderedDict
-from typing import Any, Callable, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from ..config.base import Strict
 from ..model import Labels, Sample, SourcePos
 from ..series.state import SeriesState
+
+if TYPE_CHECKING:
+    from .batch import RunView
 
 
 class Params(Strict):
@@ -75,6 +78,20 @@ class Detector(abc.ABC, Generic[P]):
         sample of ``metric`` of that record would change nothing and answer None: the pipeline
         then skips it. False (every sample observed) unless a kind proves otherwise."""
         return False
+
+    def plan(self, labels: Labels, run: "RunView", metrics: frozenset[str]) -> int:
+        """Catching up (agent/engine/catchup.py): the position in ``run`` (samples of the series
+        ``labels``, in order; ``metrics``: those of them this rule judges) of the first sample
+        this rule must observe; before it, each sample it would be given would answer None and
+        change its memory only as ``absorb`` does for them all at once. Decided on the samples
+        and this rule's memory alone (the series state moves as they are read); the pipeline
+        may end the bulk earlier, never later. 0 (observe every sample) unless a kind proves more."""
+        return 0
+
+    def absorb(self, labels: Labels, run: "RunView", metrics: frozenset[str], upto: int) -> None:
+        """Take in the samples of ``metrics`` before position ``upto`` of ``run`` as observing
+        them one by one would have (``plan`` said they answer None), memory marks included."""
+        raise NotImplementedError(f"{type(self).__name__} plans no bulk")
 
     def tick(self, now: float, series: SeriesState) -> Hit | Clear | None:
         """Judge ``series`` when no sample arrived (e.g. "no new step for 10 minutes").

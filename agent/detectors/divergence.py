@@ -28,12 +28,14 @@ from itertools import islice
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from pydantic import Field, field_validator
 
-from ..model import EVAL_LOSS, LOSS, Sample
+from ..model import EVAL_LOSS, LOSS, Labels, Sample
 from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 from .base import PerSeries, step_of
+from .batch import RunView, window
 
 
 class DivergenceParams(Params):
@@ -74,6 +76,42 @@ class DivergenceDetector(Detector[DivergenceParams]):
     def _enough(self, start: float, end: float) -> bool:
         p = self.params
         return end - start > 0 and end - start >= max(p.min_delta, p.min_rise * abs(start))
+
+    def plan(self, labels: Labels, run: RunView, metrics: frozenset[str]) -> int:
+        # quiet: a value that ends no run of ``rises`` rises large enough, and whose window's last
+        # third does not reach min_delta above its first third (a superset of either check)
+        p, m = self.params, self.params.metric
+        t = self._tracks.value(labels)
+        at, w = window(run, m, metrics, t.values if t is not None else (), max(p.rises + 1, p.window))
+        if w is None:
+            return at
+        a = w.values
+        n, r = len(a), p.rises
+        act = np.zeros(n, dtype=bool)
+        if n > r:
+            rising = np.concatenate([[0], np.cumsum(a[1:] > a[:-1])])
+            j = np.arange(r, n)
+            start = a[j - r]
+            d = a[j] - start
+            act[j] = ((rising[j] - rising[j - r]) == r) & (d > 0) & (d >= np.maximum(p.min_delta, p.min_rise * np.abs(start)))
+        if p.window and n >= p.window:
+            third = p.window // 3
+            win = np.lib.stride_tricks.sliding_window_view(a, third)
+            j = np.arange(p.window - 1, n)
+            act[j] |= win.max(axis=1)[j - third + 1] - win.min(axis=1)[j - p.window + 1] >= p.min_delta
+        return w.first(run, m, act, at)
+
+    def absorb(self, labels: Labels, run: RunView, metrics: frozenset[str], upto: int) -> None:
+        p, m = self.params, self.params.metric
+        vals, count = run.finite_tail(m, upto, max(p.rises + 1, p.window))
+        if not count:
+            return
+        t = self._tracks.get(labels)
+        t.values.extend(vals)
+        keep = max(p.rises + 1, p.window)
+        while len(t.values) > keep:
+            t.values.popleft()
+        t.peak = None
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | None:
         p = self.params

@@ -56,6 +56,7 @@ from pydantic import Field, model_validator
 
 from ..model import GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, OVERFLOW, Sample
 from ..series.state import SeriesState
+from . import loss_scale_bulk
 from .base import Clear, Detector, Hit, Params, PerSeries, step_of
 
 # framework -> defaults; the comments name the initial scale, back-off rule and minimum of each
@@ -167,6 +168,8 @@ class LossScaleDetector(Detector[LossScaleParams]):
         # overflow_ratio judges a step once: the record's other values (its step, or the series'
         # last step for them all) find it judged; an overflow event is always counted
         return self.params.condition == "overflow_ratio" and metric != OVERFLOW
+
+    plan, absorb = loss_scale_bulk.plan, loss_scale_bulk.absorb  # catching up on a backlog
 
     # -- floor -----------------------------------------------------------------------------------
     def _floor(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:

@@ -33,11 +33,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from pydantic import Field, field_validator
 
-from ..model import EVAL_LOSS, GRAD_NORM, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, Sample, SourcePos, TRAINING_METRICS
+from ..model import (EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, NONFINITE_MESSAGE, Labels, Sample,
+                     SourcePos, TRAINING_METRICS)
 from ..series.state import APPLIED_GRAD_NORM_PRODUCERS, SeriesState
 from .base import Detector, Hit, Params, PerSeries
+from .batch import RunView, first_true
+
+_VALUES = frozenset({LOSS, GRAD_NORM, EVAL_LOSS, LOSS_SCALE, LEARNING_RATE})  # plain values: quiet while finite
 
 NAN_ITERATIONS = "nan_iterations"  # Megatron's counter (readers/parsers/megatron.py)
 
@@ -119,6 +124,37 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
                    sample.step if sample.step is not None else series.last_step, sample.source,
                    {"metric": sample.metric, "value": repr(sample.value)})
 
+    def plan(self, labels: Labels, run: RunView, metrics: frozenset[str]) -> int:
+        # finite values answer None (a loss of exactly 0 may be a hidden NaN: observed); a
+        # trainer's message is observed
+        at = run.first(metrics - _VALUES)
+        for m in metrics & _VALUES:
+            v = run.values(m)
+            bad = ~np.isfinite(v)
+            if m == LOSS and self.params.hidden_nan_loss:
+                bad |= v == 0.0
+            k = first_true(bad)
+            if k is not None:
+                at = min(at, run.at(m, k))
+        return at
+
+    def absorb(self, labels: Labels, run: RunView, metrics: frozenset[str], upto: int) -> None:
+        hidden = self.params.hidden_nan_loss
+        if hidden and LOSS in metrics and run.count_before(LOSS, upto):
+            t = self._streaks.get(labels)
+            t.zero_loss_at = None
+            t.pairs = 0
+        k = run.count_before(GRAD_NORM, upto) if GRAD_NORM in metrics else 0
+        if k:
+            t = self._streaks.get(labels)
+            if hidden:
+                t.bad_norm = run.samples[run.index(GRAD_NORM)[k - 1]].value
+                t.bad_norm_at = None
+                t.pairs = 0
+            if t.reports < self.params.grad_norm_warmup:
+                t.reports = min(self.params.grad_norm_warmup, t.reports + k)
+            if t.n:
+                t.n = 0
 
     def _saw(self, sample: Sample) -> None:
         """Remember the report of a non-finite loss or grad norm (for ``_shown``)."""

@@ -34,12 +34,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from pydantic import Field
 
-from ..model import EVAL_LOSS, GRAD_NORM, LOSS, Sample
+from ..model import EVAL_LOSS, GRAD_NORM, LOSS, Labels, Sample
 from ..series.state import SeriesState
 from .base import Detector, Hit, Params
 from .base import PerSeries, step_of
+from .batch import RunView, sliding, window
 
 Metric = Literal["loss", "eval_loss", "grad_norm"]
 
@@ -95,6 +97,31 @@ class SpikeDetector(Detector[SpikeParams]):
 
     def wanted_metrics(self) -> frozenset[str]:
         return frozenset({self.params.metric})
+
+    def plan(self, labels: Labels, run: RunView, metrics: frozenset[str]) -> int:
+        # quiet: a value that is not above each of the recent ones by min_delta (or comes with
+        # too little history), and a non-finite one
+        p, m = self.params, self.params.metric
+        t = self._tracks.value(labels)
+        at, w = window(run, m, metrics, t.values if t is not None else (), p.window)
+        if w is None:
+            return at
+        a = w.values
+        recent_max = sliding(a, p.window, np.max, -np.inf)[:len(a)]
+        history = np.minimum(np.arange(len(a)), p.window)
+        return w.first(run, m, ~((history < p.min_history) | (a - recent_max < p.min_delta)), at)
+
+    def absorb(self, labels: Labels, run: RunView, metrics: frozenset[str], upto: int) -> None:
+        p, m = self.params, self.params.metric
+        vals, count = run.finite_tail(m, upto, p.window)
+        if not count:
+            return
+        t = self._tracks.get(labels)
+        if min(len(t.values) + count - 1, p.window) >= p.min_history:
+            t.peak = None
+        t.values.extend(vals)
+        while len(t.values) > p.window:
+            t.values.popleft()
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | None:
         p = self.params

@@ -20,10 +20,11 @@ from typing import Literal
 from pydantic import Field
 
 from ..config import Duration
-from ..model import NONFINITE_MESSAGE, OVERFLOW, TRAINING_METRICS, Sample
+from ..model import NONFINITE_MESSAGE, OVERFLOW, TRAINING_METRICS, Labels, Sample
 from ..series.state import SeriesState
 from .base import Clear, Detector, Hit, Params
 from .base import PerSeries
+from .batch import RunView
 
 
 class StalledParams(Params):
@@ -68,6 +69,19 @@ class StalledDetector(Detector[StalledParams]):
             t.active = False
             return Clear(sample.labels)
         return None
+
+    def plan(self, labels: Labels, run: RunView, metrics: frozenset[str]) -> int:
+        # progress: record: a series not stalled (or not yet judged) only notes it is alive
+        t = self._tracks.value(labels)
+        if self.params.progress == "step" or (t is not None and t.active):
+            return run.first(metrics)
+        return run.n
+
+    def absorb(self, labels: Labels, run: RunView, metrics: frozenset[str], upto: int) -> None:
+        if run.first(metrics) < upto:
+            t = self._tracks.peek(labels)
+            if t is not None:
+                t.expired = False
 
     def once_per_record(self, metric: str) -> bool:
         # the first value of a record clears (record: any; step: one that advanced the step) and

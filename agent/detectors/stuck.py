@@ -25,12 +25,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 from pydantic import Field
 
-from ..model import EVAL_LOSS, LOSS, Sample
+from ..model import EVAL_LOSS, LOSS, Labels, Sample
 from ..series.state import SeriesState
 from .base import Clear, Detector, Hit, Params
 from .base import PerSeries, step_of
+from .batch import RunView, window
 
 
 class StuckParams(Params):
@@ -99,6 +101,47 @@ class StuckDetector(Detector[StuckParams]):
 
     def wanted_metrics(self) -> frozenset[str]:
         return frozenset({self.params.metric})
+
+    def plan(self, labels: Labels, run: RunView, metrics: frozenset[str]) -> int:
+        # quiet: too few values yet, or (with full windows) the level judged as the state is:
+        # improving while not stuck, not improving while stuck; a young series' windows, and a
+        # median improvement within a hair of the threshold, are observed
+        p, m = self.params, self.params.metric
+        t = self._tracks.value(labels)
+        active = t is not None and t.active
+        at, win = window(run, m, metrics, t.values if t is not None else (), 2 * p.window)
+        if win is None:
+            return at
+        a, w = win.values, p.window
+        n = len(a)
+        size = np.minimum(np.arange(1, n + 1), 2 * w)
+        act = (size >= w + p.min_before) & (size < 2 * w)
+        if n >= 2 * w:
+            rows = np.lib.stride_tricks.sliding_window_view(a, 2 * w)  # row i: the values up to i + 2w - 1
+            before, recent = rows[:, :w], rows[:, w:]
+            low, high = before.min(axis=1), recent.max(axis=1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                fast = (low > 0) & (high >= 0) & (1 - high / low > p.min_improvement)
+                quiet = ~fast if active else fast.copy()
+                slow = np.flatnonzero(~fast)
+                ref, now = np.median(before[slow], axis=1), np.median(recent[slow], axis=1)
+                imp = (ref - now) / np.abs(ref)
+                margin = 1e-9 * max(p.min_improvement, 1e-3)
+                ok = imp < p.min_improvement - margin if active else imp > p.min_improvement + margin
+                quiet[slow] = (ref == 0) | ok
+            act[2 * w - 1:] = ~quiet
+        return win.first(run, m, act, at)
+
+    def absorb(self, labels: Labels, run: RunView, metrics: frozenset[str], upto: int) -> None:
+        m, w = self.params.metric, self.params.window
+        vals, count = run.finite_tail(m, upto, 2 * w)
+        if not count:
+            return
+        t = self._tracks.get(labels)
+        t.values.extend(vals)
+        while len(t.values) > 2 * w:
+            t.values.popleft()
+        t._sorted = None  # the sorted windows are made again from the values when next asked
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
         p = self.params

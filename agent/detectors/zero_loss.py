@@ -15,12 +15,16 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import numpy as np
 from pydantic import Field
 
 from ..model import EVAL_LOSS, LOSS, Labels, Sample
 from ..series.state import SeriesState
 from .base import Clear, Detector, Hit, Params
 from .base import PerSeries, step_of
+from .batch import RunView, first_true
+
+_VALUES = frozenset({LOSS, EVAL_LOSS})
 
 
 class ZeroLossParams(Params):
@@ -54,6 +58,35 @@ class ZeroLossDetector(Detector[ZeroLossParams]):
 
     def wanted_metrics(self) -> frozenset[str]:
         return frozenset(self.params.metrics)
+
+    def plan(self, labels: Labels, run: RunView, metrics: frozenset[str]) -> int:
+        # quiet: a non-finite value, and a non-zero one while the condition does not hold
+        at = run.first(metrics - _VALUES)
+        for m in metrics & _VALUES:
+            t = self._tracks.value(labels + (("metric", m),))
+            v = run.values(m)
+            act = np.isfinite(v)
+            if t is None or not t.active:
+                act &= ~(np.abs(v) > self.params.tolerance)
+            k = first_true(act)
+            if k is not None:
+                at = min(at, run.at(m, k))
+        return at
+
+    def absorb(self, labels: Labels, run: RunView, metrics: frozenset[str], upto: int) -> None:
+        samples, last = run.samples, {}
+        for m in metrics & _VALUES:  # the last finite value of each metric, in the order they came
+            for i in reversed(run.index(m)[:run.count_before(m, upto)]):
+                if math.isfinite(samples[i].value):
+                    last[m] = i
+                    break
+        for m in sorted(last, key=last.__getitem__):
+            if self._key[0] is labels and self._key[1] == m:
+                keyed = self._keyed
+            else:
+                keyed = self._keyed = labels + (("metric", m),)
+                self._key = (labels, m)
+            self._tracks.get(keyed).run = 0
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:
         if not math.isfinite(sample.value):

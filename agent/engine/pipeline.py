@@ -15,14 +15,18 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterable, Protocol
 
 from .alerts import AlertBook
+from .catchup import RUN_MAX, judge_run
 from ..detectors import Clear, Detector, Hit
 from ..detectors.base import slots_of
-from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample, SourcePos, gc_paused
+from ..model import HINT_METRICS, UNSERIED_METRICS, Alert, Finding, Labels, Sample, gc_paused
 from .rulefile import Rule, RuleSet
 from .suspect import SuspectJudge
 from ..series.state import SeriesState
 
 log = logging.getLogger(__name__)
+
+_APART = HINT_METRICS | UNSERIED_METRICS  # samples judged on their own, between runs
+
 
 class DetectorMemory(Protocol):
     """What the pipeline asks of a detector memory book (store/book.py: ``MemoryBook``)."""
@@ -87,8 +91,11 @@ class Pipeline:
     def set_rules(self, rules: RuleSet) -> None:
         with self.lock:
             self.rules = rules
-            # labels -> metric -> the rules that judge it (``_add``)
+            # labels -> metric -> the rules that judge it (``_add``); series that the rules' label
+            # matchers treat alike share one table (``_shared``, by the matchers they pass)
             self._tables: dict[Labels, dict[str, tuple[Entry, ...]]] = {}
+            self._shared: dict[tuple[int, ...], dict[str, tuple[Entry, ...]]] = {}
+            self._matching = [r for r in rules.rules if r.matchers]
             self._bits = {id(r): 1 << i for i, r in enumerate(rules.rules)}
             self._rules_by_name = {r.name: r for r in rules.rules}
             # only kinds that override tick() are asked every evaluation interval
@@ -190,65 +197,44 @@ class Pipeline:
                 self.alerts.clear(rule, _alert_labels(labels, rule), now)
 
     def process(self, samples: Iterable[Sample]) -> list[Finding]:
-        """Judge ``samples`` in order. The hot loop of a backlog: a run of samples of one series
-        (the values of a record, the records of a file) finds its series and its table of rules
-        once (``_table_for``), and a rule that needs one sample of a record
-        (``Detector.once_per_record``) observes only the first it is given."""
+        """Judge ``samples`` in order. The samples of one series in a row (the values of a record,
+        the records of a file) are judged as one run (agent/engine/catchup.py): the run finds its
+        series and its table of rules once, a rule that needs one sample of a record
+        (``Detector.once_per_record``) observes only the first it is given, and a long run (a
+        backlog) leaves each rule out of the per-sample loop for as long as its plan
+        (``Detector.plan``) proves it would say nothing."""
         out: list[Finding] = []
         with self.lock, gc_paused():
-            tables = self._tables
-            on_accepted = self.on_accepted
-            cur: Labels | None = None  # the labels object of the series in hand
-            series: SeriesState | None = None
-            table: dict[str, tuple[Entry, ...]] = {}
-            rec: tuple[SourcePos | None, int | None] = (None, None)  # the record in hand: line, step
-            done = 0  # bits of the once-per-record rules that observed a sample of it
+            run: list[Sample] = []
+            cur: Labels | None = None  # the labels object of the run in hand
             for sample in samples:
                 metric = sample.metric
-                if metric in HINT_METRICS:
-                    self._hint(sample)
+                if metric in _APART:
+                    if run:
+                        self._run(cur, run, out)  # type: ignore[arg-type]
+                        run = []
+                    if metric in HINT_METRICS:
+                        self._hint(sample)
+                    else:  # reader health, host faults: judged, no series kept
+                        self.suspects.ledger.note(sample)  # device faults, rerun verdicts: suspect.py
+                        self._judge(sample, SeriesState(sample.labels), self._rules(sample.labels, metric), out)
                     continue
                 labels = sample.labels
-                if metric in UNSERIED_METRICS:  # reader health, host faults: judged, no series kept
-                    self.suspects.ledger.note(sample)  # device faults, rerun verdicts: suspect.py
-                    self._judge(sample, SeriesState(labels), self._rules(labels, metric), out)
-                    continue
-                if labels is not cur:  # (the same object again: already the most recent, already dirty)
-                    series = self.series_for(labels)
-                    self.dirty_series.add(labels)
+                if labels is not cur or len(run) >= RUN_MAX:
+                    if run:
+                        self._run(cur, run, out)  # type: ignore[arg-type]
+                        run = []
                     cur = labels
-                    table = tables.get(labels) or self._table_for(labels)
-                    rec = (None, None)
-                attempt = series.attempt
-                accepted_samples = series.ingest(sample)
-                if series.attempt != attempt:
-                    self._new_attempt(labels, sample.time)
-                    rec = (None, None)
-                for accepted in accepted_samples:
-                    if on_accepted is not None:
-                        on_accepted(accepted, series)
-                    if accepted.labels is not labels:  # not the series' own labels: every rule, no table
-                        self._judge(accepted, series, self._rules(accepted.labels, accepted.metric), out)
-                        continue
-                    rules = table.get(accepted.metric)
-                    if rules is None:
-                        rules = self._add(labels, accepted.metric)
-                    src = accepted.source
-                    if src is not rec[0] or accepted.step != rec[1] or src is None:
-                        rec, done = (src, accepted.step), 0
-                    for rule, observe, bit in rules:  # _judge, inline: once per value and rule
-                        if bit:
-                            if done & bit:
-                                continue  # it saw this record already: another value changes nothing
-                            done |= bit
-                        try:
-                            signal = observe(accepted, series)
-                        except Exception as exc:  # one broken rule must not stop the others
-                            self._detector_failed(rule, exc)
-                            continue
-                        if signal is not None:  # most samples change nothing
-                            self._signals(rule, signal, accepted.time, out)
+                run.append(sample)
+            if run:
+                self._run(cur, run, out)  # type: ignore[arg-type]
         return out
+
+    def _run(self, labels: Labels, run: list[Sample], out: list[Finding]) -> None:
+        """A run of samples of one series (``labels``, the same object for each): catchup.py."""
+        series = self.series_for(labels)
+        self.dirty_series.add(labels)
+        judge_run(self, labels, series, self._tables.get(labels) or self._table_for(labels), run, out)
 
     def _judge(self, sample: Sample, series: SeriesState, rules: tuple[Entry, ...], out: list[Finding]) -> None:
         """Every rule of ``rules`` observes one accepted sample; their findings go to ``out``."""
@@ -269,13 +255,20 @@ class Pipeline:
                 out.append(f)
 
     def _table_for(self, labels: Labels) -> dict[str, tuple[Entry, ...]]:
-        """The series' table: metric -> the rules that judge it (``_add``); the rules' matchers
-        are asked once per series and metric."""
+        """The series' table: metric -> the rules that judge it (``_add``). The rules' matchers
+        are asked once per series; the series whose labels pass the same matchers (most: the
+        shipped rules match every series) share one table, so a followed file costs one entry
+        here, not a table of its own."""
         table = self._tables.get(labels)
         if table is None:
             if len(self._tables) >= DISPATCH_MAX:
                 self._tables.clear()
-            table = self._tables[labels] = {}
+                self._shared.clear()
+            key = tuple(i for i, r in enumerate(self._matching) if r.matches(labels))
+            table = self._shared.get(key)
+            if table is None:
+                table = self._shared[key] = {}
+            self._tables[labels] = table
         return table
 
     def _rules(self, labels: Labels, metric: str) -> tuple[Entry, ...]:

@@ -112,8 +112,11 @@ class OverflowAccounting:
                 backoffs = halvings(last, v)
             elif v > last:
                 self.scale_increases += 1
-        self.scale_min = v if self.scale_min is None else min(self.scale_min, v)
-        self.scale_max = v if self.scale_max is None else max(self.scale_max, v)
+        low, high = self.scale_min, self.scale_max  # min() and max() of the two, without the calls
+        if low is None or v < low:
+            self.scale_min = v
+        if high is None or v > high:
+            self.scale_max = v
         self.scale_last = v
         return backoffs
 
