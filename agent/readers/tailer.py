@@ -64,6 +64,9 @@ class TailEvent(enum.Enum):
     ERROR = "error"  # an OSError (e.g. permission denied); read() returned what it had
 
 
+_NO_BUF = b""  # the buffer of a tailer without a descriptor (see close)
+
+
 def _decode(raw: bytes) -> str:
     """Normalise ``\\n``-joined raw lines: drop NULs, strip one CR before each LF. Decoding the
     joined block is equivalent to decoding line by line because the UTF-8 decoder never folds an
@@ -103,7 +106,7 @@ class LogTailer:
         self._gen: tuple[int, int] | None = None  # (dev, ino) of the open generation
         self._offset, self._line = 0, 0  # start of the pending (incomplete) line, lines before it
         self._read_pos = 0  # file offset up to which bytes have been read
-        self._buf = bytearray()  # head of the pending line, at most max_line_bytes
+        self._buf: bytearray | bytes = _NO_BUF  # head of the pending line (max_line_bytes at most) while open
         self._discarding = False  # pending line exceeded max_line_bytes
         self._events: list[tuple[TailEvent, str]] | None = None  # made at the first event (most files have none)
         self._missing_reported = False
@@ -185,7 +188,7 @@ class LogTailer:
         if self._fd is not None:
             os.close(self._fd)
         self._fd, self._gen = None, None
-        self._buf.clear()
+        self._buf = _NO_BUF  # a closed (idle) file holds no buffer: 10,000 of them may be followed
         self._discarding = False
 
     def __enter__(self) -> LogTailer:
@@ -242,7 +245,7 @@ class LogTailer:
         self._fd, self._gen = fd, gen
         self._offset = self._read_pos = offset
         self._line = line
-        self._buf.clear()
+        self._buf = bytearray()
         self._discarding = False
         self._pending, self._start_at_end = None, False
 
