@@ -28,6 +28,7 @@ from typing import Callable
 from ..safeio import open_regular
 
 __all__ = ["LogTailer", "TailEvent", "TailPosition", "TextBlock"]
+_NO_BUF = b""  # the buffer of a tailer without a descriptor (see close)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +63,6 @@ class TailEvent(enum.Enum):
     RESUMED_FROM_ROTATED = "resumed_from_rotated"  # saved generation found renamed
     MISSING = "missing"  # the path does not exist (reported once per absence)
     ERROR = "error"  # an OSError (e.g. permission denied); read() returned what it had
-
-
-_NO_BUF = b""  # the buffer of a tailer without a descriptor (see close)
 
 
 def _decode(raw: bytes) -> str:
@@ -119,7 +117,6 @@ class LogTailer:
         except OSError as exc:
             self._error(exc)
 
-    # ----------------------------------------------------------------- public API
     @property
     def position(self) -> TailPosition | None:
         """Exactly what was handed out so far; None before any file was seen."""
