@@ -130,6 +130,7 @@ class LogStream:
         append = out.append
         t = _time.time() if now is None else now
         path, no_copies, base, last, new = self.path, self._no_copies, self.base_labels, self._last, object.__new__
+        labels_of = self._labels_cache
         draft = SourcePosDraft
         stats = self.stats
         for tb in blocks:
@@ -171,7 +172,11 @@ class LogStream:
                         continue
                     prev = (key, line, log_time)
                 rank = rec.rank
-                labels = base if rank is None else self._labels(rank)
+                if rank is None:
+                    labels = base
+                elif labels_of is None or (labels := labels_of.get(rank)) is None:
+                    labels = self._labels(rank)
+                    labels_of = self._labels_cache
                 src = draft()  # model.source_pos, inline
                 src.path = path
                 src.line = line
