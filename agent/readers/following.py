@@ -279,8 +279,10 @@ class Follower:
             self._gone_open.pop(just_read, None)
         while lru and self._over_budget():
             path, _ = lru.popitem(last=False)
-            if path in self.streams:
-                self.streams[path].tailer.close()
+            if (closing := self.streams.get(path)) is not None:
+                closing.tailer.close()
+                if (pos := closing.position) is not None and pos == self.offsets.get(path):
+                    self.offsets[path] = pos  # an idle file holds one position object, not two equal ones
 
     def _over_budget(self, opening: bool = False) -> bool:
         """More descriptors held than max_open_files (``opening``: no room for one more)."""

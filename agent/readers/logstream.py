@@ -59,11 +59,14 @@ class LogStream:
         self.tailer = LogTailer(path, position, start_at_end=start_at_end,
                                 max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes, check_open=check_open)
         self.stats = StreamStats()
-        self._labels_cache: dict[str | None, tuple[tuple[str, str], ...]] = {}
-        self._last: dict[str, tuple[str, int, float | None]] = {}  # producer -> last record
+        # rank -> labels, for records that name their rank (made at the first: most files have none)
+        self._labels_cache: dict[str, Labels] | None = None
+        # producer -> (hash of its last record's text, line, log time): the copy filter keeps a
+        # hash, not the text, so that ten thousand idle files do not each hold their last record
+        self._last: dict[str, tuple[int, int, float | None]] = {}
         self._no_copies = self.parser.no_copies
         self._generation: tuple[int, int] | None = None
-        self._unparsed: list[str] = []  # the last lines of blocks without a record (yields.py)
+        self._unparsed: list[str] | None = None  # the last lines of blocks without a record (yields.py)
 
     @property
     def format(self) -> str | None:
@@ -96,13 +99,16 @@ class LogStream:
     def sample_lines(self) -> list[str]:
         """A few of the last lines read since the last record (cleaned, bounded): what the file
         holds when no parser recognises it."""
-        return list(self._unparsed)
+        return list(self._unparsed or ())
 
-    def _labels(self, rank: str | None):
-        lab = self._labels_cache.get(rank)
+    def _labels(self, rank: str) -> Labels:
+        """The labels of a record that names its rank (cached per file, shared between files)."""
+        cache = self._labels_cache
+        if cache is None:
+            cache = self._labels_cache = {}
+        lab = cache.get(rank)
         if lab is None:
-            lab = self.base_labels if rank is None else make_labels(dict(self.base_labels), rank=rank)
-            lab = self._labels_cache[rank] = _intern(lab)
+            lab = cache[rank] = _intern(make_labels(dict(self.base_labels), rank=rank))
         return lab
 
     def _samples(self, blocks: list[TextBlock], now: float | None) -> list[Sample]:
@@ -123,7 +129,8 @@ class LogStream:
         out: list[Sample] = []
         append = out.append
         t = _time.time() if now is None else now
-        path, no_copies, labels_of, last, new = self.path, self._no_copies, self._labels_cache, self._last, object.__new__
+        path, no_copies, base, last, new = self.path, self._no_copies, self.base_labels, self._last, object.__new__
+        labels_of = self._labels_cache
         draft = SourcePosDraft
         stats = self.stats
         for tb in blocks:
@@ -139,9 +146,11 @@ class LogStream:
             n_records = len(records) - self.parser.hint_records
             stats.records += n_records
             if n_records:
-                self._unparsed.clear()
+                self._unparsed = None
             else:
                 stats.chatter += chatter(block.text)
+                if self._unparsed is None:
+                    self._unparsed = []
                 tail_lines(block.text, self._unparsed)
             text = block.text
             held, prev = None, None  # the producer whose last record is in ``prev`` (not in ``last``)
@@ -151,7 +160,7 @@ class LogStream:
                     pos, end = rec.pos, rec.end
                     if end < 0:
                         end = text.find("\n", pos)
-                    key = (text[pos:end] if end >= 0 else text[pos:]).rstrip()
+                    key = hash((text[pos:end] if end >= 0 else text[pos:]).rstrip())
                     if producer is not held:  # records of one producer mostly follow each other
                         if held is not None:
                             last[held] = prev
@@ -162,9 +171,12 @@ class LogStream:
                         stats.duplicates += 1
                         continue
                     prev = (key, line, log_time)
-                labels = labels_of.get(rec.rank)
-                if labels is None:
-                    labels = self._labels(rec.rank)
+                rank = rec.rank
+                if rank is None:
+                    labels = base
+                elif labels_of is None or (labels := labels_of.get(rank)) is None:
+                    labels = self._labels(rank)
+                    labels_of = self._labels_cache
                 src = draft()  # model.source_pos, inline
                 src.path = path
                 src.line = line

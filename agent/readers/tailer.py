@@ -28,6 +28,7 @@ from typing import Callable
 from ..safeio import open_regular
 
 __all__ = ["LogTailer", "TailEvent", "TailPosition", "TextBlock"]
+_NO_BUF = b""  # the buffer of a tailer without a descriptor (see close)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,7 @@ class LogTailer:
         self._gen: tuple[int, int] | None = None  # (dev, ino) of the open generation
         self._offset, self._line = 0, 0  # start of the pending (incomplete) line, lines before it
         self._read_pos = 0  # file offset up to which bytes have been read
-        self._buf = bytearray()  # head of the pending line, at most max_line_bytes
+        self._buf: bytearray | bytes = _NO_BUF  # head of the pending line (max_line_bytes at most) while open
         self._discarding = False  # pending line exceeded max_line_bytes
         self._events: list[tuple[TailEvent, str]] | None = None  # made at the first event (most files have none)
         self._missing_reported = False
@@ -116,7 +117,6 @@ class LogTailer:
         except OSError as exc:
             self._error(exc)
 
-    # ----------------------------------------------------------------- public API
     @property
     def position(self) -> TailPosition | None:
         """Exactly what was handed out so far; None before any file was seen."""
@@ -185,7 +185,7 @@ class LogTailer:
         if self._fd is not None:
             os.close(self._fd)
         self._fd, self._gen = None, None
-        self._buf.clear()
+        self._buf = _NO_BUF  # a closed (idle) file holds no buffer: 10,000 of them may be followed
         self._discarding = False
 
     def __enter__(self) -> LogTailer:
@@ -242,7 +242,7 @@ class LogTailer:
         self._fd, self._gen = fd, gen
         self._offset = self._read_pos = offset
         self._line = line
-        self._buf.clear()
+        self._buf = bytearray()
         self._discarding = False
         self._pending, self._start_at_end = None, False
 

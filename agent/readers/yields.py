@@ -138,8 +138,14 @@ class YieldWatch:
             return []
         t = self.tracks.get(path)
         if t is None:
-            t = self.tracks[path] = _Track(tuple(kv for kv in labels if kv[0] != "rank"), labels)
-            self._runs.setdefault(t.run, set()).add(path)
+            run = tuple(kv for kv in labels if kv[0] != "rank")
+            files = self._runs.get(run)
+            if files is None:
+                files = self._runs[run] = set()
+            else:  # the run's files share one labels tuple (10,000 ranks of one run: one tuple)
+                run = self.tracks[next(iter(files))].run
+            t = self.tracks[path] = _Track(run, labels)
+            files.add(path)
             t.size0 = _size(path)
         if units == t.units and records == t.records:
             return []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
+import re
 import warnings
 from typing import Callable, Iterator
 
@@ -33,12 +34,30 @@ EVENT_FILTER = [FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedE
                 DirCreatedEvent, DirMovedEvent]
 
 
+_Match = Callable[[str], object]
+_GLOBS: dict[int, tuple[Watch, _Match, _Match]] = {}
+
+
+def _globs(watch: Watch) -> tuple[_Match, _Match]:
+    """``(exclude, include)``: each of the watch's glob lists as one compiled regex, as
+    ``fnmatch.fnmatch`` reads a glob (a resync asks for every file of the tree: 10,000 of them
+    were 13 ``fnmatch`` calls each). Kept per watch object (a frozen config model)."""
+    got = _GLOBS.get(id(watch))
+    if got is not None and got[0] is watch:
+        return got[1], got[2]
+    if len(_GLOBS) > 64:  # watches come from the config (and its reloads): a few
+        _GLOBS.clear()
+    exclude, include = (re.compile("|".join(fnmatch.translate(os.path.normcase(p)) for p in pats) or "(?!)").match
+                        for pats in (watch.exclude, watch.patterns))
+    _GLOBS[id(watch)] = (watch, exclude, include)
+    return exclude, include
+
+
 def matches(watch: Watch, path: str) -> bool:
     """Whether a file path belongs to ``watch`` (its include/exclude globs on the file name)."""
-    name = os.path.basename(path)
-    if any(fnmatch.fnmatch(name, pat) for pat in watch.exclude):
-        return False
-    return any(fnmatch.fnmatch(name, pat) for pat in watch.patterns)
+    name = os.path.normcase(os.path.basename(path))
+    exclude, include = _globs(watch)
+    return not exclude(name) and include(name) is not None
 
 
 def watch_for(watches: list[Watch], path: str) -> Watch | None:

@@ -48,8 +48,10 @@ class MemoryBook:
         self._seq = 0
         # hash of the row last written per (rule, slot, series key): a detector that touches its
         # memory without changing it (stalled's tick, every evaluation interval) writes nothing,
-        # so an idle agent does not commit (and fsync) every few seconds
-        self._written: dict[tuple[str, str, str], int] = {}
+        # so an idle agent does not commit (and fsync) every few seconds. Keyed by the series' own
+        # labels tuple (the detector's key, shared), not a row key made for it: one entry per
+        # series and slot is kept for every followed file
+        self._written: dict[tuple[str, str], dict[Labels, int]] = {}
 
     def set_rules(self, rules: list[Rule]) -> list[Rule]:
         """Take the rules in force. A rule rebuilt by a reload but unchanged keeps its memory;
@@ -86,7 +88,7 @@ class MemoryBook:
         if full:
             self._written.clear()
         elif self._clear_rules:
-            self._written = {k: h for k, h in self._written.items() if k[0] not in self._clear_rules}
+            self._written = {w: h for w, h in self._written.items() if w[0] not in self._clear_rules}
         self._clear_rules.clear()
         for rule, key, dig in self.entries:
             if key in self._failed:
@@ -114,25 +116,24 @@ class MemoryBook:
             force = full or ps.reset
             if force:
                 out.clear.append((key, slot))
-                self._written = {w: h for w, h in self._written.items() if w[:2] != (key, slot)}
+                written = self._written[(key, slot)] = {}
                 keys: Iterable[Labels] = [k for k, _ in ps.items()]
             else:
+                written = self._written.setdefault((key, slot), {})
                 for k in ps.removed:
-                    lk = dump_key(k)
-                    self._written.pop((key, slot, lk), None)
-                    out.deletes.append((key, slot, lk))
+                    written.pop(k, None)
+                    out.deletes.append((key, slot, dump_key(k)))
                 keys = ps.changed if 4 * len(ps.changed) < len(ps) else \
                     [k for k, _ in ps.items() if k in ps.changed]  # LRU order, cheaply
             for k in keys:
                 v = ps.value(k)
                 if v is not None:
-                    lk = dump_key(k)
                     data = dumps(encode_record(ps.factory, v))
                     h = hash(data)
-                    if not force and self._written.get((key, slot, lk)) == h:
+                    if not force and written.get(k) == h:
                         continue  # touched, not changed
-                    self._written[(key, slot, lk)] = h
-                    out.upserts.append((key, slot, lk, dig, data, self._next()))
+                    written[k] = h
+                    out.upserts.append((key, slot, dump_key(k), dig, data, self._next()))
             ps.persisted()
         if explicit(det) and (full or det.memory_dirty):
             out.upserts.append((key, WHOLE, "", dig, dumps(encode(det.state())), self._next()))

@@ -283,7 +283,7 @@ def rule_keys(rules: Iterable[Rule]) -> list[tuple[Rule, str]]:
     return out
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)  # the series written often (an idle one is written when it changes)
 def dump_key(labels: Labels) -> str:
     return _JSON.encode([list(p) for p in labels])
 

@@ -1,6 +1,9 @@
 """Sources: the bounded change queue, glob matching, and the resync that catches what
 inotify missed (here: no inotify at all)."""
 
+import fnmatch
+import os
+import random
 import threading
 
 from precision_agent.config import Config, Limits, Watch
@@ -43,6 +46,19 @@ def test_globs_and_most_specific_watch(tmp_path):
     assert sorted(p.replace(str(tmp_path) + "/", "") for p in walk(outer, 100)) == ["a/b/x.txt", "a/y.log", "z.log"]
     assert len(list(walk(outer, 2))) == 2
     assert list(walk(Watch(path=tmp_path / "absent"), 10)) == []
+
+
+def test_globs_read_as_fnmatch_reads_them(tmp_path):
+    """The compiled globs (one regex per list) say what fnmatch says of every name, strange ones too."""
+    rnd = random.Random(7)
+    names = ["a.log", "b.txt.gz", "x.tmp", "events.out.tfevents.1.host", "metrics.csv", "m.csv", "a.LOG", "foo",
+             ".log", "a.log.1", "a[1].log", "line\nbreak.log", "a.log\n", ""]
+    names += ["".join(rnd.choice("ab.*?[]!log\ntx-") for _ in range(rnd.randint(0, 12))) for _ in range(3000)]
+    for w in (Watch(path=tmp_path), Watch(path=tmp_path, include=["*.log", "x[!a]*", "[", "a[b-"], exclude=["*b*"]),
+              Watch(path=tmp_path, include=[]), Watch(path=tmp_path, include=["*"], exclude=[])):
+        for name in names:
+            want = not any(fnmatch.fnmatch(name, p) for p in w.exclude) and any(fnmatch.fnmatch(name, p) for p in w.patterns)
+            assert matches(w, os.path.join("d", name)) == want, (name, w.include, w.exclude)
 
 
 def test_resync_alone_finds_new_files_and_appends(tmp_path, monkeypatch):
