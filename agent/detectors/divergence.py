@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
 from itertools import islice
 from dataclasses import dataclass, field
 from typing import Literal
@@ -53,9 +52,9 @@ class DivergenceParams(Params):
         return v
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: one per followed series
 class _Track:
-    values: deque = field(default_factory=deque)
+    values: list = field(default_factory=list)  # a list: an idle series' window costs its values only
     peak: float | None = None
 
 
@@ -109,8 +108,8 @@ class DivergenceDetector(Detector[DivergenceParams]):
         t = self._tracks.get(labels)
         t.values.extend(vals)
         keep = max(p.rises + 1, p.window)
-        while len(t.values) > keep:
-            t.values.popleft()
+        if len(t.values) > keep:
+            del t.values[:len(t.values) - keep]
         t.peak = None
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | None:
@@ -123,9 +122,9 @@ class DivergenceDetector(Detector[DivergenceParams]):
         values.append(v)
         n = len(values)
         rises, window = p.rises, p.window
-        while n > rises + 1 and n > window:
-            values.popleft()
-            n -= 1
+        if n > rises + 1 and n > window:
+            del values[:n - max(rises + 1, window)]
+            n = max(rises + 1, window)
         evidence: dict | None = None
         # the rise check needs the last value above the one before it (most reports: not)
         if n >= rises + 1 and v > values[-2]:
@@ -134,7 +133,7 @@ class DivergenceDetector(Detector[DivergenceParams]):
                 evidence = {"check": "rise", "from": run[0], "to": run[-1], "reports": rises}
         if evidence is None and window and n >= window:
             third = window // 3
-            # the values' deque holds max(rises + 1, window) values: the window is its last ``window``
+            # the values' list holds max(rises + 1, window) values: the window is its last ``window``
             head = list(islice(values, n - window, n - window + third))
             tail = list(islice(values, n - third, n))
             # the medians lie within [min(head), max(tail)]: no rise there, no rise of the medians

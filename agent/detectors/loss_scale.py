@@ -48,7 +48,6 @@ value always wins.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Literal
 
@@ -114,12 +113,12 @@ class LossScaleParams(Params):
         return data
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: one per followed series
 class _Track:
     last: float | None = None
     warm: bool = True
-    decreases: deque = field(default_factory=deque)  # (step | None, implied back-offs)
-    overflows: deque = field(default_factory=deque)  # (step, skipped steps)
+    decreases: list = field(default_factory=list)  # (step | None, implied back-offs)
+    overflows: list = field(default_factory=list)  # (step, skipped steps)
     skipped: float = 0.0                              # sum over ``overflows``
     span_start: int | None = None
     judged_step: int | None = None  # overflow_ratio: the step last judged
@@ -321,7 +320,7 @@ class LossScaleDetector(Detector[LossScaleParams]):
             return self._deactivate(t, sample)
         if step is not None:
             while t.decreases and t.decreases[0][0] is not None and t.decreases[0][0] <= step - p.window:
-                t.decreases.popleft()
+                del t.decreases[0]
         if decreased and not self._warm(t, step, series):
             n = self._backoffs(before, value) if before is not None else 1
             t.decreases.append((step, n))
@@ -384,7 +383,8 @@ class LossScaleDetector(Detector[LossScaleParams]):
             t.overflows.append((step, n))
             t.skipped += n
         while t.overflows and t.overflows[0][0] <= step - p.window:
-            t.skipped -= t.overflows.popleft()[1]
+            t.skipped -= t.overflows[0][1]
+            del t.overflows[0]
         span = min(p.window, step - t.span_start + 1)
         if span < p.min_steps:
             return None

@@ -12,7 +12,6 @@ Overflows without any known step number cannot be placed in a window and are not
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from pydantic import Field
@@ -29,9 +28,9 @@ class OverflowParams(Params):
     warmup_steps: int = Field(200, ge=0)
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: one per followed series
 class _Track:
-    events: deque = field(default_factory=deque)  # (step, skipped steps)
+    events: list = field(default_factory=list)  # (step, skipped steps)
     count: float = 0.0                             # sum over ``events``
     last_step: int | None = None
 
@@ -63,7 +62,8 @@ class OverflowDetector(Detector[OverflowParams]):
         t.events.append((step, n))
         t.count += n
         while t.events and t.events[0][0] <= step - p.window:
-            t.count -= t.events.popleft()[1]
+            t.count -= t.events[0][1]
+            del t.events[0]
         count = t.count
         if count <= p.max_overflows:
             return None

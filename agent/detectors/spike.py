@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -56,9 +55,9 @@ class SpikeParams(Params):
     single_factor: float = Field(2.0, ge=1)
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: one per followed series
 class _Track:
-    values: deque = field(default_factory=deque)
+    values: list = field(default_factory=list)  # a list: an idle series' window costs its values only
     peak: float | None = None  # the current episode's peak; None outside an episode
 
 
@@ -78,7 +77,7 @@ def small_sample(n: int) -> float:
     return 1.0 + (_T99[-1] / _Z99 - 1.0) * len(_T99) / df
 
 
-def robust_stats(values: deque | list) -> tuple[float, float]:
+def robust_stats(values: list) -> tuple[float, float]:
     med = statistics.median(values)
     mad = statistics.median(abs(x - med) for x in values)
     return med, mad
@@ -120,8 +119,8 @@ class SpikeDetector(Detector[SpikeParams]):
         if min(len(t.values) + count - 1, p.window) >= p.min_history:
             t.peak = None
         t.values.extend(vals)
-        while len(t.values) > p.window:
-            t.values.popleft()
+        if len(t.values) > p.window:
+            del t.values[:len(t.values) - p.window]
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | None:
         p = self.params
@@ -158,6 +157,6 @@ class SpikeDetector(Detector[SpikeParams]):
             else:
                 t.peak = None
         t.values.append(v)
-        while len(t.values) > p.window:
-            t.values.popleft()
+        if len(t.values) > p.window:
+            del t.values[:len(t.values) - p.window]
         return hit

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,13 +43,13 @@ class StuckParams(Params):
 
 @dataclass
 class _Track:
-    values: deque = field(default_factory=deque)
+    values: list = field(default_factory=list)  # a list: an idle series' window costs its values only
     active: bool = False
 
     def sorted_windows(self, window: int) -> tuple[list[float], list[float]]:
         """The values before the last ``window`` and the last ``window``, each sorted (ties in
         the order they came, as ``sorted`` of the window keeps them). Kept up to date by
-        ``add`` as the values slide; rebuilt when ``values`` is not the deque they were made
+        ``add`` as the values slide; rebuilt when ``values`` is not the list they were made
         from (a track restored from the state store). Not fields: never persisted."""
         cache = self.__dict__.get("_sorted")
         if cache is None or cache[0] is not self.values or cache[1] != len(self.values):
@@ -74,7 +73,8 @@ class _Track:
             del recent[bisect_left(recent, x)]  # the first of equal values: the oldest
             insort(before, x)
             while len(values) > 2 * window:
-                y = values.popleft()
+                y = values[0]
+                del values[0]
                 del before[bisect_left(before, y)]
         self._sorted = (values, len(values), before, recent)
         return before, recent
@@ -139,8 +139,8 @@ class StuckDetector(Detector[StuckParams]):
             return
         t = self._tracks.get(labels)
         t.values.extend(vals)
-        while len(t.values) > 2 * w:
-            t.values.popleft()
+        if len(t.values) > 2 * w:
+            del t.values[:len(t.values) - 2 * w]
         t._sorted = None  # the sorted windows are made again from the values when next asked
 
     def observe(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:

@@ -54,6 +54,8 @@ def encode(v: Any) -> Any:
         return v if math.isfinite(v) else {"$f": "nan" if v != v else ("inf" if v > 0 else "-inf")}
     t = type(v)
     if t is list:
+        if v and all(map(_plain_tuple, v)):  # windows of (step, count) kept in lists
+            return {"$qt": [list(x) for x in v], "n": None}
         return _plain(v) or [encode(x) for x in v]
     if t is tuple:
         return {"$t": _plain(v) or [encode(x) for x in v]}
@@ -118,9 +120,12 @@ def decode(d: Any) -> Any:
             n = d.get("n")
             if n is not None and (type(n) is not int or n < 0):
                 raise CodecError(f"bad deque length {n!r}")
+            # an unbounded window comes back as a list: the detectors keep their windows in lists
+            # (an idle series' deque costs 760 bytes empty); stores written before still load
+            make = list if n is None else (lambda items: deque(items, maxlen=n))
             if tag == "$qt":
-                return deque((tuple(_plain(_list(x)) or _bad("a tuple of scalars")) for x in _list(body)), maxlen=n)
-            return deque((decode(x) for x in _list(body)), maxlen=n)
+                return make(tuple(_plain(_list(x)) or _bad("a tuple of scalars")) for x in _list(body))
+            return make(decode(x) for x in _list(body))
         if tag in ("$o", "$d"):
             pairs = [(decode(k), decode(x)) for k, x in (_pair(p) for p in _list(body))]
             return OrderedDict(pairs) if tag == "$o" else dict(pairs)

@@ -277,7 +277,11 @@ def test_codec_refuses_unknown_objects_and_records_check_types():
         encode(object())
     from precision_agent.detectors.loss_scale import _Track
     with pytest.raises(CodecError):
-        decode_record(_Track, {"decreases": [1, 2]})  # a list where a deque belongs
+        decode_record(_Track, {"decreases": "1, 2"})  # a string where a list belongs
+    # a window written by an earlier version as a deque comes back as the list the track keeps now
+    old = decode_record(_Track, {"decreases": {"$qt": [[3, 1], [None, 2]], "n": None}})
+    assert old.decreases == [(3, 1), (None, 2)] and type(old.decreases) is list
+    assert decode(encode([(3, 1.5), (4, 2)])) == [(3, 1.5), (4, 2)]
     t = decode_record(_Track, {"last": 4, "warm": False, "unknown_field": 1})
     assert t.last == 4 and t.warm is False and not hasattr(t, "unknown_field")
 
