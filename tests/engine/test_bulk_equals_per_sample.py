@@ -195,13 +195,13 @@ def _dump(x) -> str:
 
 
 def memory(p: Pipeline) -> dict:
-    """Each rule's detector memory, as the store would write it (store/book.py)."""
-    out = {}
+    """Each rule's detector memory, as the store would write it (store/book.py), its series in
+    the order they were last seen (which one a full memory drops first)."""
+    out: dict = {}
     for rule in p.rules.rules:
         det = rule.detector
         for slot, ps in slots_of(det).items():
-            for k, v in ps.items():
-                out[(rule.name, slot, dump_key(k))] = dumps(encode_record(ps.factory, v))
+            out[(rule.name, slot)] = [(dump_key(k), dumps(encode_record(ps.factory, v))) for k, v in ps.items()]
         if explicit(det):
             out[(rule.name, "@")] = dumps(encode(det.state()))
     return out
@@ -296,3 +296,22 @@ def test_bulk_judging_equals_one_sample_at_a_time(tmp_path, block):
     # and the plans engage: samples of every planning kind were left out of the per-sample loop
     assert {k for k, n in planned.items() if n} >= {"nonfinite", "spike", "divergence", "stuck", "zero_loss",
                                                     "stalled", "loss_scale"}, planned
+
+
+def _records(labels, steps, metric="grad_norm", value=2.0, t0=1000.0):
+    return [Sample(labels, metric, value, s, SourcePos("/" + labels[-1][1], s), t0 + s, None, (), "megatron")
+            for s in steps]
+
+
+def test_absorbed_grad_norms_keep_the_order_series_were_last_seen(tmp_path):
+    """nonfinite without the hidden-NaN check only peeks at a series' streak on a finite grad
+    norm (it stays where it was in the least-recently-seen order, which decides the series a
+    full memory drops first and the store's row order); absorbing them must not move it."""
+    (tmp_path / "r.yml").write_text(json.dumps({"groups": [{"name": "g", "rules": [
+        _rule("Nf", "nonfinite", {"metrics": ["grad_norm"], "hidden_nan_loss": False})]}]}))
+    rules = load_rules([tmp_path])
+    a, b = (("job", "j"), ("rank", "0")), (("job", "j"), ("rank", "1"))
+    samples = _records(a, range(1, 61)) + _records(b, range(1, 61)) + _records(a, range(61, 121))
+    bulk, one = outcome(rules, samples, per_sample=False), outcome(rules, samples, per_sample=True)
+    assert one["memory"][("Nf", "_streaks")][0][0] == bulk["memory"][("Nf", "_streaks")][0][0]
+    assert bulk["memory"] == one["memory"]
