@@ -45,10 +45,12 @@ def random_rules(rnd: random.Random, path):
                               "window": rnd.randint(1, 30), "min_history": rnd.randint(1, 12),
                               "ratio": rnd.choice([1.01, 1.3, 2.0]), "min_delta": rnd.choice([0.0, 0.1, 1.0, 3.0]),
                               "k": rnd.choice([0.0, 2.0, 6.0]), "single_factor": rnd.choice([1.0, 2.0, 5.0])}),
-        _rule("Dv", "divergence", {"metric": metric, "rises": rnd.randint(1, 6), "window": rnd.choice([0, 6, 7, 30, 45]),
+        _rule("Dv", "divergence", {"metric": metric, "rises": rnd.randint(1, 6),
+                                   "window": rnd.choice([0, 6, 7, 30, 45]),
                                    "min_rise": rnd.choice([0.0, 0.05, 0.2]), "min_delta": rnd.choice([0.0, 0.2, 1.0])}),
         _rule("St", "stuck", {"metric": rnd.choice(["loss", "eval_loss", "loss"]), "window": rnd.randint(2, 25),
-                              "min_before": rnd.randint(1, 12), "min_improvement": rnd.choice([0.0, 0.001, 0.01, 0.3])}),
+                              "min_before": rnd.randint(1, 12),
+                              "min_improvement": rnd.choice([0.0, 0.001, 0.01, 0.3])}),
         _rule("Zl", "zero_loss", {"metrics": rnd.choice([["loss"], ["eval_loss"], ["loss", "eval_loss"]]),
                                   "consecutive": rnd.randint(1, 4), "tolerance": rnd.choice([0.0, 0.0, 1e-3])}),
         _rule("Sl", "stalled", {"after": rnd.choice([5, 60, 600]), "progress": rnd.choice(["record", "step"]),
@@ -68,7 +70,8 @@ def random_rules(rnd: random.Random, path):
     return rs
 
 
-SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 0.0, 65504.0, -65504.0, 1e300, -1e300, 1.7e308, -1.7e308, 5e-324, 3, 0, 1]
+SPECIAL = [math.nan, math.inf, -math.inf, -0.0, 0.0, 65504.0, -65504.0, 1e300, -1e300, 1.7e308, -1.7e308, 5e-324,
+           3, 0, 1]
 
 
 def value(rnd, mode, base, t):
@@ -101,7 +104,8 @@ class Series:
 
     def __init__(self, rnd: random.Random, labels, producer: str):
         self.rnd, self.labels, self.producer = rnd, labels, producer
-        self.step, self.line, self.base, self.scale = rnd.randint(0, 5), 0, rnd.choice([8.0, 2.5, 0.5, 100.0]), 2.0 ** 16
+        self.step, self.line, self.scale = rnd.randint(0, 5), 0, 2.0 ** 16
+        self.base = rnd.choice([8.0, 2.5, 0.5, 100.0])
         self.mode, self.left, self.t = "steady", 0, 0
         self.floor = rnd.choice([1.0, 1e-4, 0.5])
         self.metrics = rnd.sample(["grad_norm", "loss_scale", "skipped_in_interval", "eval_loss", "lr"],
