@@ -93,10 +93,12 @@ def value(rnd, mode, base, t):
         return rnd.choice(SPECIAL) if rnd.random() < 0.3 else base
     if mode == "ints":
         return int(base) + rnd.randint(0, 2)
+    if mode == "edge":  # exactly at the shipped thresholds (min_delta 1.0, a 1 % improvement)
+        return rnd.choice([base, base + 1.0, base + 2.0, base - 1.0, base * 0.99, base * 1.01, base * 1.2])
     return base + rnd.uniform(-1, 1) * 0.001 * t  # "hair": close to the thresholds
 
 
-MODES = ["steady", "fall", "rise", "spikes", "nonfinite", "zeros", "const", "special", "ints", "hair"]
+MODES = ["steady", "fall", "rise", "spikes", "nonfinite", "zeros", "const", "special", "ints", "edge", "hair"]
 
 
 class Series:
