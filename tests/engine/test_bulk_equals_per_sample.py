@@ -174,7 +174,7 @@ def backlog(seed: int) -> list[Sample]:
         out.append(Sample((("job", "j"),), "precision", 0.0, None, SourcePos("/p", 1), 0.0, None,
                           (("mode", rnd.choice(["fp16", "bf16"])), ("scaler", "dynamic")), ""))
     now = 1000.0
-    total = rnd.choice([80, 150, 300, 500, 800, 1400])
+    total = rnd.choice([60, 120, 250, 400, 650, 1200])
     while len(out) < total:
         s = rnd.choice(series)
         turn = rnd.choice([1, 5, 40, 60, 200, 900])
