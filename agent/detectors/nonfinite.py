@@ -146,7 +146,9 @@ class NonfiniteDetector(Detector[NonfiniteParams]):
             t.pairs = 0
         k = run.count_before(GRAD_NORM, upto) if GRAD_NORM in metrics else 0
         if k:
-            t = self._streaks.get(labels)
+            # as observe: the hidden-NaN check gets the streak (most recently seen); without it a
+            # finite grad norm only peeks (the series keeps its place in the LRU order)
+            t = self._streaks.get(labels) if hidden else (self._streaks.peek(labels) or self._streaks.get(labels))
             if hidden:
                 t.bad_norm = run.samples[run.index(GRAD_NORM)[k - 1]].value
                 t.bad_norm_at = None

@@ -120,7 +120,7 @@ class StuckDetector(Detector[StuckParams]):
             rows = np.lib.stride_tricks.sliding_window_view(a, 2 * w)  # row i: the values up to i + 2w - 1
             before, recent = rows[:, :w], rows[:, w:]
             low, high = before.min(axis=1), recent.max(axis=1)
-            with np.errstate(divide="ignore", invalid="ignore"):
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf and nan, as Python floats
                 fast = (low > 0) & (high >= 0) & (1 - high / low > p.min_improvement)
                 quiet = ~fast if active else fast.copy()
                 slow = np.flatnonzero(~fast)
