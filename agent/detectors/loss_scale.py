@@ -284,7 +284,10 @@ class LossScaleDetector(Detector[LossScaleParams]):
     def _backoffs(self, frm: float, to: float) -> int:
         if to <= 0 or frm <= 0:
             return 1
-        return max(1, round(math.log(frm / to) / math.log(1 / self.params.decrease_factor)))
+        ratio = frm / to
+        # a ratio past the float range (a scale from ~1e308 down to a denormal): the logs' difference
+        span = math.log(ratio) if math.isfinite(ratio) else math.log(frm) - math.log(to)
+        return max(1, round(span / math.log(1 / self.params.decrease_factor)))
 
     # -- decreases / jump ------------------------------------------------------------------------
     def _trajectory(self, sample: Sample, series: SeriesState) -> Hit | Clear | None:

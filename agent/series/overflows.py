@@ -139,4 +139,5 @@ def halvings(frm: float, to: float) -> int:
     """How many halvings take ``frm`` down to ``to`` (at least 1): interval reports hide several."""
     if not (0 < to < frm) or not math.isfinite(frm):
         return 1
-    return max(1, round(math.log2(frm / to)))
+    ratio = frm / to  # past the float range for ~1e308 down to a denormal: the logs' difference then
+    return max(1, round(math.log2(ratio) if math.isfinite(ratio) else math.log2(frm) - math.log2(to)))

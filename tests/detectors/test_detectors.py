@@ -229,6 +229,20 @@ def test_decreases_count_halvings_hidden_in_one_megatron_interval(tmp_path):
     assert hit.evidence["decreases"] == 3
 
 
+def test_a_fall_from_the_top_of_the_float_range_to_a_denormal_is_counted_not_a_crash(tmp_path):
+    """1e308 -> 5e-324: the ratio is past the float range; the count comes from the logs' difference."""
+    p = pipeline(tmp_path, DECREASES)
+    f = Feed(p)
+    f(LOSS_SCALE, 1e308, 100)
+    f(LOSS_SCALE, 1e308, 110)
+    f(LOSS_SCALE, 5e-324, 120)
+    assert not p.errors, p.errors
+    (series,) = p.series.values()
+    assert series.scale_min == 5e-324 and series.scale_decreases >= 1
+    det = next(r.detector for r in p.rules.rules if r.detector.kind == "loss_scale")
+    assert det._backoffs(1e308, 5e-324) == round((math.log(1e308) - math.log(5e-324)) / math.log(2))
+
+
 def test_decreases_age_out_of_the_window(tmp_path):
     p = pipeline(tmp_path, rule("loss_scale", "{condition: decreases, window: 1000}"))
     f = Feed(p)
