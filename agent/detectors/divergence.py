@@ -87,6 +87,12 @@ class DivergenceDetector(Detector[DivergenceParams]):
         a = w.values
         n, r = len(a), p.rises
         act = np.zeros(n, dtype=bool)
+        with np.errstate(over="ignore", invalid="ignore"):  # +-inf past the float range, as Python's floats
+            self._rises_and_thirds(a, act, n, r)
+        return w.first(run, m, act, at)
+
+    def _rises_and_thirds(self, a: np.ndarray, act: np.ndarray, n: int, r: int) -> None:
+        p = self.params
         if n > r:
             rising = np.concatenate([[0], np.cumsum(a[1:] > a[:-1])])
             j = np.arange(r, n)
@@ -98,7 +104,6 @@ class DivergenceDetector(Detector[DivergenceParams]):
             win = np.lib.stride_tricks.sliding_window_view(a, third)
             j = np.arange(p.window - 1, n)
             act[j] |= win.max(axis=1)[j - third + 1] - win.min(axis=1)[j - p.window + 1] >= p.min_delta
-        return w.first(run, m, act, at)
 
     def absorb(self, labels: Labels, run: RunView, metrics: frozenset[str], upto: int) -> None:
         p, m = self.params, self.params.metric

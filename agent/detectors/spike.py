@@ -108,7 +108,9 @@ class SpikeDetector(Detector[SpikeParams]):
         a = w.values
         recent_max = sliding(a, p.window, np.max, -np.inf)[:len(a)]
         history = np.minimum(np.arange(len(a)), p.window)
-        return w.first(run, m, ~((history < p.min_history) | (a - recent_max < p.min_delta)), at)
+        with np.errstate(over="ignore", invalid="ignore"):  # +-inf past the float range, as Python's floats
+            quiet = (history < p.min_history) | (a - recent_max < p.min_delta)
+        return w.first(run, m, ~quiet, at)
 
     def absorb(self, labels: Labels, run: RunView, metrics: frozenset[str], upto: int) -> None:
         p, m = self.params, self.params.metric
