@@ -17,6 +17,8 @@ APPLIED_GRAD_NORM_PRODUCERS = frozenset({"megatron"})
 class OverflowAccounting:
     """The overflow and loss-scale bookkeeping methods of :class:`~.state.SeriesState`."""
 
+    __slots__ = ()  # SeriesState is slotted: one per followed series
+
     def _count(self, n: int) -> None:
         self.overflow_steps += n
         self._events_since_counter += n

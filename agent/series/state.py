@@ -49,7 +49,7 @@ _PERSISTED = ("records", "first_step", "last_step", "last_update", "last", "scal
 NO_SCALER_PRODUCERS = frozenset({"torchtitan"})
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: ~1 kB less per followed series
 class SeriesState(OverflowAccounting):
     labels: Labels
     records: int = 0
