@@ -8,7 +8,6 @@ alerts that changed. A poll between changes costs no serialisation at all."""
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any, Iterable, Mapping
 
@@ -18,6 +17,7 @@ from ..engine.pipeline import Pipeline
 from ..health import Health
 from ..model import Alert, AlertState, json_safe
 from ..readers.logstream import LogStream
+from .http import json_bytes
 
 
 def alerts_json(pipeline: Pipeline) -> dict[str, Any]:
@@ -27,8 +27,8 @@ def alerts_json(pipeline: Pipeline) -> dict[str, Any]:
 
 
 def _dumps(doc: Any) -> bytes:
-    """The HTTP exporter's JSON encoding (http.py ``_json``): NaN/Inf as strings, no spaces."""
-    return json.dumps(json_safe(doc), default=str, allow_nan=False, separators=(",", ":")).encode()
+    """The HTTP exporter's JSON encoding of ``doc``, NaN/Inf as strings."""
+    return json_bytes(json_safe(doc))
 
 
 ALERTS_HEAD, ALERTS_TAIL = b'{"status":"success","data":{"alerts":[', b"]}}"

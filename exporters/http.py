@@ -28,9 +28,13 @@ StatusFn = Callable[[], dict[str, Any]]
 AlertsFn = Callable[[], "dict[str, Any] | bytes"]  # bytes: the finished body (api.AlertsView)
 
 
+def json_bytes(doc: Any) -> bytes:
+    """The API's JSON encoding: compact, no NaN/Inf (``json_safe`` made them strings)."""
+    return json.dumps(doc, default=str, allow_nan=False, separators=(",", ":")).encode()
+
+
 def _json(start_response, body: Any, status: str = "200 OK") -> list[bytes]:
-    data = body if isinstance(body, bytes) else \
-        json.dumps(body, default=str, allow_nan=False, separators=(",", ":")).encode()
+    data = body if isinstance(body, bytes) else json_bytes(body)
     start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
     return [data]
 
