@@ -16,6 +16,7 @@ from typing import Any
 from .. import __version__
 from .tools import add_fail_on, add_rules_test_args, exit_status, progress_bar, rules_dirs, run_command
 from ..errors import DEFAULT_LISTEN, ConfigError
+from ..kernels.pools import limit_native_pools
 
 # The module is what every command imports first: what it imports at its top, every one-shot
 # command pays for at start (``compare`` is timed against ``cat``). So the commands' modules, and
@@ -222,8 +223,9 @@ def _add_scan(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--rules", action="append", metavar="DIR", help="rule directory (default: shipped rules)")
     sc.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: when stderr is a terminal)")
-    sc.add_argument("--threads", type=_threads, default=1, metavar="N",
-                    help="scanner threads per tensor (default 1; the daemon always uses 1)")
+    sc.add_argument("--threads", type=_threads, default=None, metavar="N",
+                    help="scanner threads per tensor (default: 1, or the jobs left idle where fewer big tensors "
+                         "than --jobs are left to scan, e.g. one big file; the daemon always uses 1)")
     sc.add_argument("--jobs", "-j", type=_threads, default=None, metavar="N",
                     help="tensors (files) scanned at once (default: the CPUs this process may use, at most 8; "
                          "1 scans one after the other); the output is the same for any N")
@@ -288,6 +290,7 @@ def command_of(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    limit_native_pools()   # before anything imports numpy: no command needs BLAS's or OpenMP's threads
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)

@@ -17,25 +17,12 @@ thread per Alertmanager URL."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-# the variables OpenBLAS, OpenMP (GNU, LLVM, Intel), MKL, BLIS, Apple Accelerate and numexpr read
-POOL_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-                  "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "GOTO_NUM_THREADS")
+from ..kernels.pools import POOL_VARIABLES, limit_native_pools  # noqa: F401 - re-exported
 
 FIXED_THREADS = 6       # main, worker, dump-scan, scheduler, its job thread, http-io
 WATCHDOG_THREADS = 2    # inotify reader + observer (emitters counted per watched root)
-
-
-def limit_native_pools(environ: Any = os.environ) -> dict[str, str]:
-    """Set each pool variable to 1 where unset; returns what was set. Only effective before the
-    library loads (numpy reads OpenBLAS's at import)."""
-    done = {}
-    for name in POOL_VARIABLES:
-        if not environ.get(name):
-            environ[name] = done[name] = "1"
-    return done
 
 
 def expected_threads(config: Any) -> int:
