@@ -54,16 +54,17 @@ def findings(result: dict[str, Any], rules: RuleSet, labels: dict[str, str] | No
 
 def scan(path: Path, step: int | None = None, rules: RuleSet | None = None,
          labels: dict[str, str] | None = None, progress: Progress | None = None,
-         threads: int = 1, fusion: Any = None, jobs: int = 1) -> dict[str, Any]:
+         threads: int | None = 1, fusion: Any = None, jobs: int = 1) -> dict[str, Any]:
     """``precision-agent scan``: :func:`scan_dump` plus the findings of ``rules`` (default: the
     shipped rule files), tensors shown as msprobe shows them (:func:`with_inf_extremes`).
-    ``threads``: scanner threads per tensor (the daemon keeps 1); ``jobs``: tensors scanned at
+    ``threads``: scanner threads per tensor (the daemon keeps 1; None: the jobs a tree of fewer big
+    tensors than ``jobs`` leaves idle split those tensors' passes); ``jobs``: tensors scanned at
     once (the result is the same for any number). ``fusion``: the compiler's fusion
     report and executed graph (agent/fusion/context.py), to name the passes behind a first bad op."""
     if rules is None:
         from ..engine.rulefile import default_rules_dir, load_rules
         rules = load_rules([default_rules_dir()])
-    r = scan_dump(path, step, progress, threads, jobs=jobs)
+    r = scan_dump(path, step, progress, threads or 1, jobs=jobs, spread=threads is None)
     if fusion is not None:
         with_fusion(r, fusion)
     r["findings"] = findings(r, rules, labels)   # judged on the scanner's own statistics

@@ -37,6 +37,7 @@ from .types import DumpError, DumpTensor
 
 MAX_UNREADABLE = 16        # unreadable tensors named in first_nonfinite["unreadable_before"]
 MAX_OPDEBUG_FILES = 10_000  # per scan: each is decoded, and each overflow becomes a JSON entry
+SPREAD_MIN_BYTES = 32 << 20  # spread: tensors at least this big get the idle jobs as threads
 Progress = Callable[[int, int, int, int], None]  # (bytes done, bytes in all, tensors done, tensors in all)
 
 
@@ -166,7 +167,7 @@ def _in_order(items: list[Any], fn: Callable[[Any], Any], jobs: int,
 def scan_dump(path: Path, step: int | None = None, progress: Progress | None = None,
               threads: int = 1, drop_cache: bool = True, files: Walk | None = None,
               cache: ScanCache | None = None, jobs: int = 1,
-              guard: Callable[[], ContextManager[None]] | None = None) -> dict[str, Any]:
+              guard: Callable[[], ContextManager[None]] | None = None, spread: bool = False) -> dict[str, Any]:
     """Statistics, first bad op, overflows and unreadable files of one tree (no findings).
     ``progress(bytes done, bytes in all, tensors done, tensors in all)``; ``drop_cache=False``
     keeps the pages read in the page cache (a comparison reads them next). ``files``: the files
@@ -177,7 +178,10 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
     kernels and the reads release the GIL. The result is the same for any ``jobs`` (the same
     statistics bit for bit, in the same order); what it adds to memory is one read buffer per
     job and thread (agent/dumps/windows.py CHUNK_BYTES; README "scan --jobs N"). ``guard``:
-    entered by each job's thread."""
+    entered by each job's thread. ``spread``: where fewer tensors are left to read than ``jobs``
+    (one big file), the jobs left idle split the passes of the big tensors (at least
+    ``SPREAD_MIN_BYTES``) as threads; never more threads than ``jobs`` in all (or ``threads`` per
+    tensor, where that is more), and the statistics do not depend on the number of threads."""
     w = walk(path) if files is None else files
     if cache is not None:
         cache.begin()
@@ -205,17 +209,21 @@ def scan_dump(path: Path, step: int | None = None, progress: Progress | None = N
     # the cache is the caller's alone (no lock): asked here, filled below, in the tensors' order
     known = [cache.stats(t) if cache is not None else None for t in tensors]
 
+    pending = sum(k is None for k in known)
+    per = max(threads, jobs // pending) if spread and 0 < pending < jobs else threads
+
     def one(i: int) -> TensorStats | str:
         if known[i] is not None:
             return known[i]   # type: ignore[return-value]
+        n = per if tensor_bytes(tensors[i]) >= SPREAD_MIN_BYTES else threads
         try:
-            return statistics(tensors[i], threads, (lambda n: on_bytes(i, n)) if progress is not None else None,
+            return statistics(tensors[i], n, (lambda n: on_bytes(i, n)) if progress is not None else None,
                               drop_cache)
         except (DumpError, TypeError, ValueError, OSError) as exc:
             return str(exc)   # the reason only: a traceback would hold the tensor's frames (its data)
 
     order = range(len(tensors))
-    outcomes = (map(one, order) if jobs <= 1 or sum(k is None for k in known) <= 1
+    outcomes = (map(one, order) if jobs <= 1 or pending <= 1
                 else _in_order(list(order), one, jobs, guard))
     for i, (t, s) in enumerate(zip(tensors, outcomes)):
         if isinstance(s, str):

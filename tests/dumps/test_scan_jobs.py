@@ -21,7 +21,7 @@ import pytest
 
 from conftest import corpus_path, wait_for
 from precision_agent.config import Watch
-from precision_agent.dumps.scan import scan_dump
+from precision_agent.dumps.scan import SPREAD_MIN_BYTES, scan_dump
 from precision_agent.health import Cancelled, Heartbeat, bind
 from precision_agent.model import json_safe
 from precision_agent.sources.confine import Confinement
@@ -96,6 +96,26 @@ def test_jobs_with_threads_per_tensor_and_one_step(tree):
     step = scan_dump(tree, step=1, jobs=1)
     assert step["tensors"] and {t["step"] for t in step["tensors"]} == {1}
     assert _result_json(scan_dump(tree, step=1, jobs=3)) == _result_json(step)
+
+
+def test_one_big_file_is_split_over_the_idle_jobs(tmp_path):
+    """``spread`` (the CLI's default): a tree with fewer big tensors than jobs, such as one big
+    file, reads each of them on the idle jobs' threads; the statistics are the same bits."""
+    d = tmp_path / "one"
+    d.mkdir()
+    a = np.random.default_rng(5).standard_normal((SPREAD_MIN_BYTES // 4) + 123_457).astype(np.float32)
+    a[[7, a.size - 3]] = [np.nan, np.inf]
+    np.save(d / "big.output.0.npy", a)
+    np.save(d / "small.output.0.npy", a[:1000])
+    seen: set[str] = set()
+    res = scan_dump(d, progress=lambda *_: seen.add(threading.current_thread().name), jobs=4, spread=True)
+    split = re.compile(r"scan_\d+$")   # a tensor's own threads (the job threads are scan-job-N)
+    assert len({n for n in seen if split.match(n)}) == 2   # 4 jobs over 2 tensors: 2 threads for the big one
+    assert len(res["tensors"]) == 2 and res["tensors"][0]["nan"] == 1
+    assert _result_json(res) == _result_json(scan_dump(d, jobs=1))
+    seen.clear()
+    scan_dump(d, progress=lambda *_: seen.add(threading.current_thread().name), jobs=4)   # no spread: one thread each
+    assert seen and not {n for n in seen if split.match(n)}
 
 
 def _cli(*runs):
@@ -215,7 +235,7 @@ import json, os, threading, ctypes, platform
 from contextlib import contextmanager
 from pathlib import Path
 from precision_agent.daemon.priority import lower_priority
-from precision_agent.dumps.scan import scan_dump
+from precision_agent.dumps.scan import SPREAD_MIN_BYTES, scan_dump
 lower_priority(10, True)
 seen = {{}}
 nr = {_IOPRIO_GET!r}.get(platform.machine())
