@@ -168,10 +168,26 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append("non-finite:     none")
     if r["spikes"]:
         lines.append(f"spikes:         {len(r['spikes'])}")
-    lines.append(f"findings:       {len(r['findings'])}")
-    for f in r["findings"][:50]:
+    runs = _runs(r["findings"])
+    lines.append(f"findings:       {len(r['findings'])}" + (f" in {len(runs)} run(s) of one rule" if len(runs) > 1 else ""))
+    for f, n, last in runs[:50]:
         step = f" step {f['step']}" if f["step"] is not None else ""
-        lines.append(f"  [{f['severity']}] {f['rule']} line {f['line']}{step}: {f['summary']}")
-    if len(r["findings"]) > 50:
-        lines.append(f"  ... and {len(r['findings']) - 50} more (use --json)")
+        more = ""
+        if n > 1:   # a persisting fault: one line, not one per record (--json keeps each finding)
+            where = f"line {last['line']}" + (f", step {last['step']}" if last["step"] is not None else "")
+            more = f" (and {n - 1} more" + (f" through {where})" if last is not f and last["line"] != f["line"] else ")")
+        lines.append(f"  [{f['severity']}] {f['rule']} line {f['line']}{step}: {f['summary']}{more}")
+    if len(runs) > 50:
+        lines.append(f"  ... and {len(runs) - 50} more (use --json)")
     return "\n".join(lines)
+
+
+def _runs(findings: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int, dict[str, Any]]]:
+    """Consecutive findings of one rule and severity as (first, how many, last)."""
+    out: list[tuple[dict[str, Any], int, dict[str, Any]]] = []
+    for f in findings:
+        if out and (out[-1][0]["rule"], out[-1][0]["severity"]) == (f["rule"], f["severity"]):
+            out[-1] = (out[-1][0], out[-1][1] + 1, f)
+        else:
+            out.append((f, 1, f))
+    return out

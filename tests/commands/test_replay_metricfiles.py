@@ -89,3 +89,19 @@ def test_a_file_with_no_mapped_name_is_said_with_its_names_and_exits_2(tmp_path,
     assert r["records"] == 0 and r["unrecognized"]["sample"]
     assert "none is mapped" in proc.stderr and "PRECISION_AGENT_METRIC_MAP" in proc.stderr
     assert ("epoch, step, acc" if name == "metrics.csv" else "trn_x/loss") in proc.stderr
+
+
+def test_a_persisting_fault_is_one_line_of_the_text_report_and_every_finding_in_json():
+    """A NaN that stays for the rest of the run is one finding per record (``--json`` keeps each)
+    but one line of the readable report: the first, with how many more and where they end."""
+    path = csv_file("lightning_nan")
+    doc = replay_json(path)
+    pages = [f for f in doc["findings"] if f["severity"] == "page"]
+    assert len(pages) > 1
+    out = subprocess.run([sys.executable, "-m", "precision_agent", "replay", str(path)],
+                         capture_output=True, text=True, timeout=120).stdout
+    shown = [ln for ln in out.splitlines() if ln.lstrip().startswith("[page]")]
+    last = pages[-1]
+    assert len(shown) == 1, out
+    assert f"line {pages[0]['line']}" in shown[0]
+    assert f"and {len(pages) - 1} more through line {last['line']}, step {last['step']}" in shown[0], out
