@@ -45,6 +45,18 @@ def test_syslog_kern_log_hardware_and_application_xids():
     assert len(got) == 7 and not any(f.get("inferred") for f in got[:5])
 
 
+def test_mig_xids_name_the_physical_gpu_and_its_instances():
+    """A MIG GPU's Xid carries its GPU instance, and compute instance where known, inside the
+    parenthesis (the driver's format, kernel_rc.c): the same fault of the same physical GPU."""
+    got = faults("[Mon Aug  5 03:54:13 2024] NVRM: Xid (PCI:0000:3b:00 GPU-I:02 GPU-CI:01): 94, pid=2512125, "
+                 "name=python3, Contained: SM (0x1). RST: No, D-RST: No\n"
+                 "[Mon Aug  5 03:54:14 2024] NVRM: Xid (PCI:0000:3b:00 GPU-I:05): 43, pid=77, name=python3, "
+                 "Ch 00000008\n")
+    assert [(f["device"], f["code"], f.get("gpu_instance"), f.get("compute_instance")) for f in got] == [
+        ("0000:3b:00", 94, 2, 1), ("0000:3b:00", 43, 5, None)]
+    assert got[0]["pid"] == 2512125 and got[0]["message"].startswith("Contained: SM")
+
+
 def test_dmesg_kmsg_and_journal_shapes():
     dmesg = faults((FIXTURES / "dmesg.txt").read_text())
     assert [(f["code"], f["class"]) for f in dmesg] == [(13, "application")] * 2 + [(109, "unknown")] + \

@@ -14,8 +14,9 @@ The messages:
 
 * NVIDIA (Xid catalogue, docs.nvidia.com/deploy/xid-errors): ``NVRM: Xid (PCI:0000:3b:00): 79,
   pid=1234, GPU has fallen off the bus.``, older drivers without ``PCI:`` (``NVRM: Xid (0000:01:00):
-  3, ...``), newer ones with ``pid=..., name=...`` before the text. ``vendor`` "nvidia", ``device``
-  the PCI address, ``code`` the Xid (a number).
+  3, ...``), newer ones with ``pid=..., name=...`` before the text, a MIG GPU's with its instances
+  (``NVRM: Xid (PCI:0000:3b:00 GPU-I:02 GPU-CI:01): 94, ...``). ``vendor`` "nvidia", ``device``
+  the PCI address, ``code`` the Xid (a number), ``gpu_instance``/``compute_instance`` on MIG.
 * Ascend (the open driver, github.com/hicann/driver): the fault manager's record of a device fault
   event, ``[ascend] [fault_manager] [ERROR] [dms_record_fault_event_log 1410] event_id=0x80e01801;
   device_id=0; node_type=0x70[HBM]; ...; severity=2[Alarm]; assertion=1[Event occur]; ...``
@@ -45,8 +46,11 @@ from .base import Block, Parser, Record
 from .kernel_time import line_time
 
 MESSAGE_CHARS = 240  # the driver's text kept on the sample, at most
+# on a MIG GPU the driver attributes the Xid to its GPU instance, and compute instance where known
+# (kernel_rc.c: "PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u"): the device stays the physical GPU
 _XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<dev>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
+    r"NVRM: Xid \((?:PCI:)?(?P<dev>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
+    r"(?: GPU-I:(?P<gi>\d{1,3})(?: GPU-CI:(?P<ci>\d{1,3}))?)?\): "
     r"(?P<code>\d{1,5})\b,? ?(?P<msg>[^\n]{0,%d})" % MESSAGE_CHARS)
 _ADDR = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 # "fallen off the bus" without an Xid line: older drivers (``GPU at 0000:01:00.0 has fallen off the
@@ -93,6 +97,10 @@ class KernelParser(Parser):
             for m in _XID_RE.finditer(text):
                 code = int(m.group("code"))
                 attrs: dict[str, object] = {"vendor": "nvidia", "device": m.group("dev").lower(), "code": code}
+                if m.group("gi") is not None:
+                    attrs["gpu_instance"] = int(m.group("gi"))
+                    if m.group("ci") is not None:
+                        attrs["compute_instance"] = int(m.group("ci"))
                 msg = _message(text, m.start(), m.group("msg"))
                 p = _PID_RE.match(msg)
                 if p:
