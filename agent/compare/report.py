@@ -7,7 +7,6 @@ missing value is ``NaN`` (msaccucmp) or ``N/A`` (msprobe), as those tools write 
 
 from __future__ import annotations
 
-import csv
 import math
 from typing import IO, Any
 
@@ -269,6 +268,7 @@ def _msprobe_row(r: Row, stats_layout: bool) -> list[str]:
 
 def write_csv(res: CompareResult, fh: IO[str], layout: str = "msaccucmp") -> None:
     """The full table: every pair, then the unmatched tensors of either side."""
+    import csv   # here: only --csv writes one
     w = csv.writer(fh, lineterminator="\n")
     if layout == "msprobe":
         stats_layout = bool(res.rows) and all(r.diff is None for r in res.rows)

@@ -75,6 +75,9 @@ def test_a_diverging_compare_imports_neither_the_other_commands_nor_readers_nor_
     assert doc["first_diverging_op"]["target_stats"]["max"] is not None     # the scanner did run, for the verdict
     assert "precision_agent.compare.engine" in modules and "precision_agent.dumps.torchzip" in modules
     assert _imported(modules, NEVER) == []
+    # the verdict consults the fused-API catalogue (fusion_suspect): ours is JSON, no YAML parser
+    assert "fusion_suspect" in doc["first_diverging_op"] or "fusion_suspect" in doc
+    assert _imported(modules, ("yaml",)) == []
 
 
 def test_an_identical_compare_imports_neither_the_scanner_nor_yaml(tmp_path):
