@@ -51,10 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # numpy is first imported below. The compare's BLAS dots stay under OpenBLAS's threading
-    # size (blocks.py), so its thread pool would only cost start-up and spinning: ~60 ms of a
-    # 0.35 s compare of a 90 MB dump pair. A user's own setting wins.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # numpy is first imported below, after cli.main bounded BLAS's threads (kernels/pools.py): the
+    # compare's dots stay under OpenBLAS's threading size (blocks.py), so its pool would only cost
+    # start-up and spinning (~60 ms of a 0.35 s compare of a 90 MB dump pair)
     from .tools import progress_bar   # the one scan uses
     from ..compare.engine import compare_sides
     from ..compare.pairing import read_side
