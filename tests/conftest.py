@@ -1,11 +1,13 @@
 """Shared test helpers: where ../shared lives, free ports, polling with a deadline, a scratch folder
-in memory for tests that make tens of thousands of files."""
+in memory for tests that make tens of thousands of files, one plain install of the package per
+session."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -64,3 +66,13 @@ def many_files_dir(tmp_path: Path) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def plain_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A plain (non-editable) install of the package with the default compiler, made once per
+    session (tests/support/install.py): ``(target, pip's process)``; the target is what
+    ``PYTHONPATH`` points at. The tests using it only read it."""
+    from support.install import install
+    target = tmp_path_factory.mktemp("plain-install") / "site"
+    return target, install(target, {})

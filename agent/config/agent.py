@@ -140,6 +140,8 @@ class Limits(Strict):
     max_decompressed_bytes: Size = Field(128 << 20, ge=1 << 20)
     # a worker busy without progress for this long is stalled: /-/ready 503, no WATCHDOG=1
     worker_stall_timeout: Duration = Field(30.0, gt=0)
+    # a state save that failed (full disk, I/O error) is retried after 1 s, doubling up to this
+    state_save_retry_max: Duration = Field(60.0, ge=0.1)
     # a followed file that grows but yields no record raises LogFormatUnrecognized (or
     # LogRecordsStopped once it had records): after this many lines without a record (0: never
     # judge), or after this long with at least unrecognized_min_lines lines (agent/readers/yields.py)

@@ -65,7 +65,7 @@ class Agent:
         self.queue = ChangeQueue(config.limits.queue_size)
         self.stop_event = threading.Event()
         self.store = StateStore(config.state_dir, lambda msg: self.health.error("state", "%s", msg))
-        self.saves = SaveTracker(self.health, self.store.path)  # a full disk: reported once, retried
+        self.saves = SaveTracker(self.health, self.store.path, config.limits.state_save_retry_max)  # reported once, retried
         self.pipeline = Pipeline(RuleSet(), max_series=config.limits.max_series, memory=MemoryBook())
         self.pipeline.suspects.window = config.suspect_window
         self.dump_book = DumpBook()

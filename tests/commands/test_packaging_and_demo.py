@@ -5,13 +5,11 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO, free_port
+from conftest import free_port
 
 
-def test_plain_install_carries_rules_and_exporter_assets(tmp_path):
-    target = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), str(REPO)], capture_output=True, text=True, timeout=300)
+def test_plain_install_carries_rules_and_exporter_assets(tmp_path, plain_install):
+    target, proc = plain_install   # made once per session, shared with tests/kernels/test_kernels.py
     assert proc.returncode == 0, proc.stderr
     # a clean build: no setuptools deprecation (license table) or "absent from packages" warnings
     build_warnings = [ln for ln in proc.stderr.splitlines() if "BuildBackendWarning" in ln or "eprecat" in ln]

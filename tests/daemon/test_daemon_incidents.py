@@ -1,6 +1,6 @@
 """The daemon on real msprobe dumps (tests/fixtures/msprobe_incidents, written by real msprobe with
-its make.py), copied step by step into a watched folder by another process, as a training job
-writes them (issue 20):
+its make.py), copied step by step into a watched folder by other processes, one per job and side
+by side, as training jobs write them (issue 20):
 
 - a NaN planted at step 3 that stays for 10 steps on 2 ranks: exactly one page, naming the origin
   step, rank and op, with the affected steps in its evidence;
@@ -40,8 +40,16 @@ for d in steps:
 """
 
 
-def _write(src: Path, dest: Path) -> None:
-    subprocess.run([sys.executable, "-c", WRITER, str(src), str(dest)], check=True, timeout=120)
+def _write(*pairs: tuple[Path, Path]) -> None:
+    """Each (dump root, destination) copied by its own writer, all at once, as several jobs
+    dump side by side; returns when every writer is done."""
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(src), str(dest)]) for src, dest in pairs]
+    try:
+        for w in writers:
+            assert w.wait(timeout=120) == 0, w.args
+    finally:
+        for w in writers:
+            w.kill()
 
 
 def _units(root: Path) -> int:
@@ -71,10 +79,8 @@ def test_one_page_per_incident_restart_and_two_runs(tmp_path: Path) -> None:
     dumps.mkdir()
     agent = _agent(tmp_path, dumps)
     try:
-        _write(FIXTURES / "nan_2ranks", dumps / "nan_2ranks")
-        _write(FIXTURES / "two_runs" / "job_a", dumps / "job_a")
-        _write(FIXTURES / "two_runs" / "job_b", dumps / "job_b")
-        _write(FIXTURES / "restart" / "attempt1", dumps / "job_r")
+        _write((FIXTURES / "nan_2ranks", dumps / "nan_2ranks"), (FIXTURES / "two_runs" / "job_a", dumps / "job_a"),
+               (FIXTURES / "two_runs" / "job_b", dumps / "job_b"), (FIXTURES / "restart" / "attempt1", dumps / "job_r"))
         want = sum(_files(FIXTURES / p) for p in ("nan_2ranks", "two_runs", "restart/attempt1"))
         wait_for(lambda: _scanned(agent) >= want, timeout=120, what=f"{want} dump files scanned")
         # directories are scanned as they settle, not in step order: the origin may move to an
@@ -94,7 +100,7 @@ def test_one_page_per_incident_restart_and_two_runs(tmp_path: Path) -> None:
         assert (by_run["job_a"]["evidence"]["step"], by_run["job_b"]["evidence"]["step"]) == (2, 3)
 
         # the restart of job_r from its step-2 checkpoint, into the same dump root: a new page
-        _write(FIXTURES / "restart" / "attempt2", dumps / "job_r")
+        _write((FIXTURES / "restart" / "attempt2", dumps / "job_r"))
         second = wait_for(lambda: [a for a in _dump_alerts(agent) if a["labels"]["run"] == "job_r"
                                    and a["labels"]["incident"] == "2"
                                    and a["evidence"]["evidence"]["affected_steps"] == [4, 5]],
@@ -139,9 +145,7 @@ def test_healthy_runs_raise_nothing_and_a_frozen_run_still_does(tmp_path: Path) 
     try:
         healthy = sorted(p for p in (FIXTURES / "healthy").iterdir() if p.is_dir())
         assert len(healthy) >= 5
-        for run in healthy:
-            _write(run, dumps / run.name)
-        _write(FIXTURES / "frozen" / "lr0", dumps / "lr0")
+        _write(*((run, dumps / run.name) for run in healthy), (FIXTURES / "frozen" / "lr0", dumps / "lr0"))
         want = sum(_files(p) for p in healthy) + _files(FIXTURES / "frozen" / "lr0")
         wait_for(lambda: _scanned(agent) >= want, timeout=180, what=f"{want} dump files scanned")
         frozen = wait_for(lambda: [a for a in agent.alerts() if a["labels"].get("run") == "lr0"], timeout=30,

@@ -125,12 +125,20 @@ def test_promtool_test_rules() -> None:
      "run: r1, rank: \"0\"}"),
 ], ids=["wrong-labels", "for-not-elapsed", "wrong-severity", "wrong-suspect"])
 def test_promtool_test_rules_can_fail(tmp_path: Path, old: str, new: str) -> None:
-    """A deliberately wrong expectation must make `promtool test rules` fail (rc != 0)."""
+    """A deliberately wrong expectation must make `promtool test rules` fail (rc != 0). Only the
+    test case the mutation changes is run (the others' outcome does not change; the whole file
+    is test_promtool_test_rules'), unchanged first: it passes alone, so the mutation is what fails."""
     text = ALERTS_TEST.read_text()
     assert old in text, "the mutation no longer matches alerts_test.yml; update this test"
+    doc, bad = yaml.safe_load(text), yaml.safe_load(text.replace(old, new, 1))
+    changed = [i for i, (a, b) in enumerate(zip(doc["tests"], bad["tests"])) if a != b]
+    assert len(changed) == 1 and len(doc["tests"]) == len(bad["tests"]), changed
     shutil.copy(ALERTS, tmp_path / "alerts.yml")
-    (tmp_path / "alerts_test.yml").write_text(text.replace(old, new, 1))
-    res = promtool("test", "rules", "alerts_test.yml", cwd=tmp_path)
+    for name, tests in (("case.yml", doc["tests"]), ("mutant.yml", bad["tests"])):
+        (tmp_path / name).write_text(yaml.safe_dump({**bad, "tests": [tests[changed[0]]]}, sort_keys=False))
+    res = promtool("test", "rules", "case.yml", cwd=tmp_path)
+    assert res.returncode == 0 and "SUCCESS" in res.stdout, res.stdout + res.stderr
+    res = promtool("test", "rules", "mutant.yml", cwd=tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode != 0, out
     # a failed comparison (exp/got), not a file that did not load

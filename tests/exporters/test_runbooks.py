@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import urllib.parse
 from pathlib import Path
@@ -144,9 +143,12 @@ def test_prometheus_base_is_sedable(tmp_path: Path) -> None:
     res = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
-    # the unit tests do check the URL: the old base in the tests alone fails
-    shutil.copy(PROM_DIR / "alerts_test.yml", tmp_path / "alerts_test.yml")
-    res = subprocess.run([promtool, "test", "rules", "alerts_test.yml"], cwd=tmp_path, capture_output=True,
+    # the unit tests do check the URL: the old base in the tests alone fails (one test case that
+    # expects a URL is enough to show it; all of them passed with the new base just above)
+    doc = yaml.safe_load((PROM_DIR / "alerts_test.yml").read_text())
+    case = next(c for c in doc["tests"] if base in yaml.safe_dump(c))
+    (tmp_path / "old_base_test.yml").write_text(yaml.safe_dump({**doc, "tests": [case]}, sort_keys=False))
+    res = subprocess.run([promtool, "test", "rules", "old_base_test.yml"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=60)
     assert res.returncode != 0 and "runbook_url" in res.stdout + res.stderr, res.stdout + res.stderr
 

@@ -102,7 +102,7 @@ def test_fusion_files_in_the_dump_tree_and_a_bad_one_counted_once(tmp_path):
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     (dumps / "graphs").mkdir()
-    agent = AgentProcess(tmp_path / "nolog", tmp_path / "state", "--watch", f"dump:{dumps}").start()
+    agent = _daemon(tmp_path, {"path": str(dumps)})
     try:
         _job(dumps / "graphs", dumps, 1, "conv_bn_fused", "ConvBatchnormFusionPass")
         wait_for(lambda: agent.metric("precision_agent_alerts", alertname="FusionSuspected", alertstate="firing",

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from support.agent import AgentProcess
-from conftest import REPO
+from support.install import install
 from precision_agent import kernels
 from precision_agent.compare.metrics import compare_arrays
 
@@ -88,21 +88,6 @@ def test_agent_reports_its_kernels(tmp_path):
         agent.stop()
 
 
-def _install(target, env: dict[str, str]) -> subprocess.CompletedProcess:
-    """pip install of a copy of the source files (no build/ directory or in-place .so from this
-    checkout, which setuptools would reuse instead of compiling)."""
-    src = target.parent / "src"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                           text=True, check=True).stdout.split("\n")
-    for f in filter(None, files):
-        if (REPO / f).is_file():
-            (src / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / f, src / f)
-    return subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), str(src)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **env})
-
-
 def _run_installed(target, code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           cwd=target.parent, env={**os.environ, "PYTHONPATH": str(target), **(env or {})})
@@ -112,7 +97,7 @@ def test_install_without_a_compiler_runs_on_numpy(tmp_path):
     """CC=false: every compile fails, the optional extensions are skipped, the install succeeds,
     scans and compares run on numpy, and mode ``c`` refuses to start instead of falling back."""
     target = tmp_path / "site"
-    p = _install(target, {"CC": "false", "LDSHARED": "false"})
+    p = install(target, {"CC": "false", "LDSHARED": "false"})
     assert p.returncode == 0, p.stderr
     assert not list((target / "precision_agent").rglob("*.so"))
     code = ("import numpy as np; from precision_agent import kernels;"
@@ -130,11 +115,10 @@ def test_install_without_a_compiler_runs_on_numpy(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None and not IN_CI, reason="no C compiler")
-def test_plain_install_with_a_compiler_carries_the_kernels(tmp_path):
+def test_plain_install_with_a_compiler_carries_the_kernels(plain_install):
     """A plain (non-editable) install builds both modules with every variant this architecture
     has; auto runs them, and the compare result is the development build's, bit for bit."""
-    target = tmp_path / "site"
-    p = _install(target, {})
+    target, p = plain_install
     assert p.returncode == 0, p.stderr
     assert list((target / "precision_agent" / "kernels").glob("_scan*.so"))
     assert list((target / "precision_agent" / "kernels").glob("_compare*.so"))

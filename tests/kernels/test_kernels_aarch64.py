@@ -11,8 +11,9 @@ import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -39,10 +40,8 @@ def tools():
     return need[3]
 
 
-def _build(cc: str, out: Path, vw: str, variant: str, extra: list[str], src: Path = HARNESS,
-           compile_only: bool = False) -> Path:
-    cmd = [cc, *FLAGS, f"-DVW={vw}", f"-DKERNEL_VARIANT={variant}", *extra, str(src), "-o", str(out)]
-    cmd += ["-c"] if compile_only else ["-lm"]
+def _build(cc: str, out: Path, vw: str, variant: str, extra: list[str]) -> Path:
+    cmd = [cc, *FLAGS, f"-DVW={vw}", f"-DKERNEL_VARIANT={variant}", *extra, str(HARNESS), "-o", str(out), "-lm"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return out
@@ -54,13 +53,20 @@ def _run(cmd: list[str]) -> str:
     return p.stdout
 
 
-def test_aarch64_build_gives_the_native_bits(tools, tmp_path):
+@pytest.fixture(scope="module")
+def arm_harness(tools, tmp_path_factory) -> Iterator[Future[Path]]:
+    """The harness cross-built for aarch64 (the sources' longest build, half a minute), once for
+    both tests: started here, in the background, so the native builds overlap it."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_build, CROSS, tmp_path_factory.mktemp("aarch64") / "h_neon", "16", "neon", [])
+
+
+def test_aarch64_build_gives_the_native_bits(tools, arm_harness, tmp_path):
     # the native build of each x86-64 variant this CPU runs (the baseline where nothing is built)
     names = [v for v in kernels.variants() if v in X86] or ["baseline"]
     with ThreadPoolExecutor() as pool:   # the builds take most of the time
-        arm_bin = pool.submit(_build, CROSS, tmp_path / "h_neon", "16", "neon", [])
         native = {n: pool.submit(_build, tools, tmp_path / f"h_{X86[n][1]}", *X86[n]) for n in names}
-        arm = _run([QEMU, "-L", str(SYSROOT), str(arm_bin.result())])
+        arm = _run([QEMU, "-L", str(SYSROOT), str(arm_harness.result())])
         assert arm.count("\ncompare n=") == 90 and arm.startswith("scan n=1 ")   # every case ran
         for name, exe in native.items():
             assert _run([str(exe.result())]) == arm, f"aarch64 and x86-64 {name} differ"
@@ -72,22 +78,22 @@ def _function(dump: str, name: str) -> str:
     return m.group(1)
 
 
-def test_aarch64_hot_loops_are_vector_code(tools, tmp_path):
+def test_aarch64_hot_loops_are_vector_code(arm_harness):
     """Pass 1 of a float32 compare, pass 2 (KLD's terms) and the float32 scan: comparisons,
-    divisions and sums on NEON registers (v0.2d, v1.4s, ...), none of them split into lanes."""
-    cmp = _build(CROSS, tmp_path / "compare.o", "16", "neon", [], SRC / "compare.c", compile_only=True)
-    scan = _build(CROSS, tmp_path / "scan.o", "16", "neon", [], SRC / "scan.c", compile_only=True)
-    cdump, sdump = _run([OBJDUMP, "-d", str(cmp)]), _run([OBJDUMP, "-d", str(scan)])
+    divisions and sums on NEON registers (v0.2d, v1.4s, ...), none of them split into lanes.
+    Read in the aarch64 harness: it compiles the kernels' very sources (it includes scan.c and
+    compare.c) with FLAGS, the same code as each source compiled alone with them."""
+    dump = _run([OBJDUMP, "-d", str(arm_harness.result())])
 
     def count(body: str, pattern: str) -> int:
         return len(re.findall(pattern, body))
     vcmp = r"\bfcm(?:eq|gt|ge|lt|le)\s+v\d+\.[24][sd]"
-    pass1 = _function(cdump, "block_1_0_0_0")
+    pass1 = _function(dump, "block_1_0_0_0")
     assert count(pass1, vcmp) >= 16 and count(pass1, r"\bfdiv\s+v\d+\.2d") >= 4
     assert count(pass1, r"\bfadd\s+v\d+\.2d") >= 16 and count(pass1, r"\bfdiv\s+d\d+") == 0
-    pass2 = _function(cdump, "block_0_0_0_2")
+    pass2 = _function(dump, "block_0_0_0_2")
     assert count(pass2, vcmp) >= 4 and count(pass2, r"\bfdiv\s+v\d+\.2d") >= 4
     assert count(pass2, r"\bfdiv\s+d\d+") == 0
-    f32 = _function(sdump, "scan_f32")
+    f32 = _function(dump, "scan_f32")
     assert count(f32, vcmp) >= 12 and count(f32, r"\bfadd\s+v\d+\.4s") >= 8
     assert count(f32, r"\bfmul\s+v\d+\.4s") >= 4

@@ -50,11 +50,16 @@ def firing(agent, metric):
     return agent.metric("precision_agent_alerts", alertname="TrainingNonFinite", metric=metric, alertstate="firing")
 
 
+# the failed saves' backoff (1 s doubling to 60 s by default) capped short: the tests wait for the
+# save that works once there is room, not for the backoff
+RETRY = "limits:\n  state_save_retry_max: 500ms\n"
+
+
 def agent_on(tmp_path, disk):
     logs = tmp_path / "logs"
     logs.mkdir(exist_ok=True)
     cfg = tmp_path / "config.yml"
-    cfg.write_text("evaluation_interval: 200ms\n")
+    cfg.write_text("evaluation_interval: 200ms\n" + RETRY)
     agent = AgentProcess(logs, disk / "state", "--config", str(cfg))
     agent.stderr_path = tmp_path / f"agent-{agent.port}.stderr"  # not on the full disk
     return agent, logs / "train.log"
@@ -78,6 +83,7 @@ def test_disk_full_while_running_names_the_cause_once_and_keeps_paging(tmp_path,
         err = agent.stderr()
         assert "cannot rollback" not in err
         assert err.count("cannot save state (disk full)") == 1, err  # once per cause, not per attempt
+        assert "retried every 0.5 s at most" in err, err  # limits.state_save_retry_max
         assert agent.metric("precision_agent_errors_total", kind="state") == 1
         assert agent.stop() == 1  # the final save failed: not a clean exit
         err = agent.stderr()
@@ -160,7 +166,7 @@ def test_dumps_scanned_on_a_full_disk_all_page_and_their_origins_are_saved_when_
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     cfg = tmp_path / "config.yml"
-    cfg.write_text(f"evaluation_interval: 200ms\ndump_settle: 0.3s\nwatches:\n  - path: {dumps}\n    kind: dump\n")
+    cfg.write_text(f"evaluation_interval: 200ms\ndump_settle: 0.3s\nwatches:\n  - path: {dumps}\n    kind: dump\n{RETRY}")
     filler = fill(small_disk)
     agent = AgentProcess(tmp_path / "nolog", small_disk / "state", "--config", str(cfg))
     agent.stderr_path = tmp_path / f"agent-{agent.port}.stderr"
@@ -173,7 +179,7 @@ def test_dumps_scanned_on_a_full_disk_all_page_and_their_origins_are_saved_when_
         assert not agent.metric("precision_agent_errors_total", kind="internal"), agent.stderr()
         for f in filler:
             f.unlink()
-        wait_for(lambda: agent.metric("precision_agent_state_unsaved") == 0, timeout=150, what="saved again")  # backoff: up to 60 s
+        wait_for(lambda: agent.metric("precision_agent_state_unsaved") == 0, timeout=60, what="saved again")
         assert agent.stop() == 0
     finally:
         agent.kill()
@@ -183,3 +189,27 @@ def test_dumps_scanned_on_a_full_disk_all_page_and_their_origins_are_saved_when_
     finally:
         db.close()
     assert "job_a" in row[0] and "job_b" in row[0]
+
+
+def test_failed_saves_back_off_from_1_s_doubling_to_the_configured_ceiling(tmp_path):
+    """A failed save is retried after 1 s, 2 s, 4 s ... up to 60 s by default
+    (limits.state_save_retry_max), so a full disk is not hammered; one that works resets it."""
+    from precision_agent.config.agent import Limits
+    from precision_agent.health import Health
+    from precision_agent.store.causes import StateError
+    from precision_agent.store.saving import SaveTracker
+    assert Limits().state_save_retry_max == 60.0
+    assert Limits(state_save_retry_max="500ms").state_save_retry_max == 0.5
+    with pytest.raises(ValueError):
+        Limits(state_save_retry_max="10ms")
+    for ceiling, want in ((Limits().state_save_retry_max, [1, 2, 4, 8, 16, 32, 60, 60]), (0.5, [0.5] * 3)):
+        saves, now, delays = SaveTracker(Health(), tmp_path / "state", ceiling), 100.0, []
+        for _ in want:
+            assert saves.due(now)
+            saves.failed(StateError("no room", "disk full"), now)
+            delays.append(saves.next_try - now)
+            assert not saves.due(now + delays[-1] - 0.01)
+            now += delays[-1]
+        assert delays == want
+        saves.succeeded()
+        assert saves.due(now) and saves.delay == 0.0
