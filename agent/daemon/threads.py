@@ -17,18 +17,12 @@ thread per Alertmanager URL."""
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
 from typing import Any
 
 # the variables OpenBLAS, OpenMP (GNU, LLVM, Intel), MKL, BLIS, Apple Accelerate and numexpr read
 POOL_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "GOTO_NUM_THREADS")
-
-# glibc's mallopt parameters (malloc.h) and the arenas the daemon's threads share
-M_ARENA_MAX = -8
-MALLOC_ARENAS = 2
 
 FIXED_THREADS = 6       # main, worker, dump-scan, scheduler, its job thread, http-io
 WATCHDOG_THREADS = 2    # inotify reader + observer (emitters counted per watched root)
@@ -42,25 +36,6 @@ def limit_native_pools(environ: Any = os.environ) -> dict[str, str]:
         if not environ.get(name):
             environ[name] = done[name] = "1"
     return done
-
-
-def limit_malloc_arenas(environ: Any = os.environ) -> bool:
-    """At most MALLOC_ARENAS glibc malloc arenas for the whole process: glibc gives each thread
-    that allocates an arena of its own (up to eight per core), and each arena keeps what was freed
-    into it for reuse by that thread alone. The worker's first pass over 10,000 files (1 MiB reads,
-    decoded text, samples) leaves megabytes free in arenas that the idle agent never uses again:
-    ~5 MB of its resident memory. The daemon's threads allocate little concurrently (one worker
-    reads and judges; the others wait), so sharing two arenas costs no time. A ``MALLOC_ARENA_MAX``
-    the user set is kept (glibc read it at start); elsewhere than glibc this does nothing. Returns
-    whether the bound was set. Only effective before the threads allocate (arenas are made once)."""
-    if environ.get("MALLOC_ARENA_MAX") or not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # no C library with mallopt (not glibc): nothing to bound
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return mallopt(M_ARENA_MAX, MALLOC_ARENAS) == 1
 
 
 def expected_threads(config: Any) -> int:
