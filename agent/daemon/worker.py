@@ -36,6 +36,7 @@ from .systemd import sd_notify
 log = logging.getLogger("precision_agent")
 
 CATCH_UP_FILES = 256  # a pass that moved this many files' positions is a catch-up (see _give_back)
+GIVE_BACK_EVERY_S = 60.0  # at most this often (512 ranks writing in bursts must not trim every pass)
 
 
 class Worker:
@@ -70,6 +71,7 @@ class Worker:
         self.on_alerts_changed = on_alerts_changed
         self._last_read = float("-inf")   # monotonic start of the last pass that read changed paths
         self._catching_up = False         # a catch-up ran since the heap last gave memory back
+        self._gave_back = float("-inf")   # monotonic time it last did
 
     def run(self) -> None:
         # Ready as soon as the watches are set up and the worker runs: catching up on a large
@@ -112,8 +114,9 @@ class Worker:
         go back to the system (heap.py), or the idle agent keeps what the catch-up freed."""
         if self.follower.backlog or len(touched) >= CATCH_UP_FILES:
             self._catching_up = True
-        elif self._catching_up:
+        elif self._catching_up and time.monotonic() - self._gave_back >= GIVE_BACK_EVERY_S:
             self._catching_up = False
+            self._gave_back = time.monotonic()
             give_back()
 
     def _next_batch(self) -> Batch:
