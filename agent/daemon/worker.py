@@ -29,10 +29,14 @@ from ..sources.watcher import TreeWatcher
 from ..store.saving import SaveTracker
 from ..store.state import StateError, StateStore
 from .dumpflow import DumpFlow
+from .heap import give_back
 from .reload import Reloader
 from .systemd import sd_notify
 
 log = logging.getLogger("precision_agent")
+
+CATCH_UP_FILES = 256  # a pass that moved this many files' positions is a catch-up (see _give_back)
+GIVE_BACK_EVERY_S = 60.0  # at most this often (512 ranks writing in bursts must not trim every pass)
 
 
 class Worker:
@@ -66,6 +70,8 @@ class Worker:
         self.saved_at_exit = False        # the final commit at SIGTERM worked
         self.on_alerts_changed = on_alerts_changed
         self._last_read = float("-inf")   # monotonic start of the last pass that read changed paths
+        self._catching_up = False         # a catch-up ran since the heap last gave memory back
+        self._gave_back = float("-inf")   # monotonic time it last did
 
     def run(self) -> None:
         # Ready as soon as the watches are set up and the worker runs: catching up on a large
@@ -97,10 +103,21 @@ class Worker:
                 if self.alertmanager is not None:
                     self.alertmanager.sync(list(self.pipeline.alerts.alerts.values()), now)
                 self._commit(touched)
+                self._give_back(touched)
             except Exception:  # never let one bad batch kill the agent
                 log.exception("unexpected error in worker")
                 self.health.error("internal", "unexpected error in worker (see traceback above)")
         self.saved_at_exit = self._commit(set(self.follower.streams), final=True)
+
+    def _give_back(self, touched: set[str]) -> None:
+        """After a catch-up (a backlog, or a pass over many files), once: the heap's free pages
+        go back to the system (heap.py), or the idle agent keeps what the catch-up freed."""
+        if self.follower.backlog or len(touched) >= CATCH_UP_FILES:
+            self._catching_up = True
+        elif self._catching_up and time.monotonic() - self._gave_back >= GIVE_BACK_EVERY_S:
+            self._catching_up = False
+            self._gave_back = time.monotonic()
+            give_back()
 
     def _next_batch(self) -> Batch:
         """The next batch of changes, debounced from its leading edge (module docstring)."""

@@ -34,6 +34,10 @@ class AlertBook:
         self.deleted: set[str] = set()
         self._transitions: list[Transition] = []
         self._cleared: dict[str, float] = {}  # fingerprint -> time the condition stopped
+        # rule -> identity labels -> fingerprint of its alerts not resolved: a detector clears
+        # every series it judges, and a clear of a rule without an open alert for those labels
+        # (nearly all of them) is answered here without hashing (``model.fingerprint``) the labels
+        self._open: dict[str, dict[Labels, str]] = {}
 
     # -- inputs ------------------------------------------------------------------------------
     def hit(self, rule: Rule, finding: Finding) -> tuple[Alert, bool]:
@@ -46,6 +50,7 @@ class AlertBook:
             a = Alert(fp, rule.name, finding.labels, AlertState.PENDING, now, now,
                       annotations=dict(finding.annotations), finding=finding.to_json(), count=0)
             self.alerts[fp] = a
+            self._opened(a)
             self._transitions.append(Transition(a, None, AlertState.PENDING))
         a.last_seen = now
         a.count += 1
@@ -67,8 +72,8 @@ class AlertBook:
         return a, onset
 
     def clear(self, rule: Rule, labels: Labels, now: float) -> None:
-        fp = fingerprint(rule.name, labels)
-        a = self.alerts.get(fp)
+        fp = self._open.get(rule.name, {}).get(labels)  # = fingerprint(rule.name, labels) of an open alert
+        a = self.alerts.get(fp) if fp is not None else None
         if a is None or a.state == AlertState.RESOLVED:
             return
         if a.state == AlertState.PENDING:
@@ -116,7 +121,12 @@ class AlertBook:
 
     def load(self, alerts: list[Alert]) -> None:
         for a in alerts:
+            old = self.alerts.get(a.fingerprint)
+            if old is not None:
+                self._closed(old)
             self.alerts[a.fingerprint] = a
+            if a.state != AlertState.RESOLVED and a.fingerprint == fingerprint(a.rule, identity(a.labels)):
+                self._opened(a)  # (a row whose fingerprint is not its labels' was never cleared)
 
     def cleared_since(self) -> dict[str, float]:
         """When each firing alert's condition stopped (waiting out ``keep_firing_for``): persisted
@@ -162,8 +172,19 @@ class AlertBook:
         if now - since >= rule.spec.keep_firing_for:
             self._resolve(a, now)
 
+    def _opened(self, a: Alert) -> None:
+        self._open.setdefault(a.rule, {})[identity(a.labels)] = a.fingerprint
+
+    def _closed(self, a: Alert) -> None:
+        mine = self._open.get(a.rule)
+        if mine is not None and mine.get(key := identity(a.labels)) == a.fingerprint:
+            del mine[key]
+            if not mine:
+                del self._open[a.rule]
+
     def _resolve(self, a: Alert, now: float) -> None:
         old = a.state
+        self._closed(a)
         a.state = AlertState.RESOLVED
         a.resolved_at = now
         self._cleared.pop(a.fingerprint, None)
@@ -172,6 +193,8 @@ class AlertBook:
 
     def _drop(self, fp: str) -> None:
         a = self.alerts.pop(fp, None)
+        if a is not None:
+            self._closed(a)
         self._cleared.pop(fp, None)
         self.dirty.discard(fp)
         self.deleted.add(fp)

@@ -70,3 +70,4 @@ def test_thread_count_bounded_by_config_not_cpus(tmp_path: Path) -> None:
         assert agent.stop() == 0
     finally:
         agent.kill()
+

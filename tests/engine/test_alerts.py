@@ -2,7 +2,7 @@
 
 import textwrap
 
-from precision_agent.model import GRAD_NORM, LOSS_SCALE, AlertState, Sample, SourcePos
+from precision_agent.model import GRAD_NORM, LOG_UNRECOGNIZED, LOSS_SCALE, AlertState, Sample, SourcePos, fingerprint
 from precision_agent.engine.pipeline import Pipeline
 from precision_agent.engine.rulefile import load_rules
 
@@ -94,3 +94,54 @@ def test_finished_series_expire(tmp_path):
     p.process([Sample((("run", "r2"),), LOSS_SCALE, 2048.0, 1, SourcePos("y.log", 1), 5000.0)])
     assert p.expire(5050.0, ttl=3600.0) == [RUN]
     assert list(p.series) == [(("run", "r2"),)]
+
+
+READING = """
+groups:
+  - name: r
+    rules:
+      - alert: Unrecognized
+        kind: unrecognized_log
+        resolve_after: 30m
+        labels: {severity: ticket}
+"""
+
+
+def verdict(path, value, t):
+    """The follower's verdict on one file: 1 (no record in it), 0 (records again)."""
+    return Sample((("file", path),), LOG_UNRECOGNIZED, value, None, SourcePos(path, 1), t,
+                  attrs=(("reason", "unrecognized"), ("units", 5)) if value else ())
+
+
+def reading(tmp_path):
+    (tmp_path / "r.yml").write_text(textwrap.dedent(READING))
+    return Pipeline(load_rules([tmp_path]))
+
+
+def test_clears_without_an_open_alert_hash_nothing(tmp_path):
+    """Every followed file's "records again" is a clear: with no alert open for the file, it must
+    not hash its labels into ``fingerprint``'s cache (10,000 idle files filled 8,192 entries,
+    ~5 MB, for nothing); a clear of an open alert still ends that alert, and only that one."""
+    p = reading(tmp_path)
+    fingerprint.cache_clear()
+    p.process([verdict(f"/logs/{i}.log", 0.0, 100.0) for i in range(300)])
+    assert fingerprint.cache_info().currsize == 0 and p.alerts.alerts == {}
+    p.process([verdict("/logs/a.log", 1.0, 101.0), verdict("/logs/b.log", 1.0, 101.0)])
+    assert [a.state for a in p.alerts.alerts.values()] == [AlertState.FIRING] * 2
+    p.process([verdict(f"/logs/{i}.log", 0.0, 102.0) for i in range(300)] + [verdict("/logs/a.log", 0.0, 103.0)])
+    assert fingerprint.cache_info().currsize <= 2  # the hits' own
+    assert {dict(a.labels)["file"]: a.state for a in p.alerts.alerts.values()} == {
+        "/logs/a.log": AlertState.RESOLVED, "/logs/b.log": AlertState.FIRING}
+    p.process([verdict("/logs/a.log", 1.0, 104.0)])  # fires again: a new alert, cleared again
+    p.process([verdict("/logs/a.log", 0.0, 105.0)])
+    assert [t.new for t in p.alerts.drain_transitions()].count(AlertState.RESOLVED) == 2
+
+
+def test_a_restored_alert_is_cleared(tmp_path):
+    p = reading(tmp_path)
+    p.process([verdict("/logs/a.log", 1.0, 101.0)])
+    (alert,) = p.alerts.alerts.values()
+    q = reading(tmp_path)  # a restart: the alert comes back from the state store
+    q.alerts.load([alert])
+    q.process([verdict("/logs/a.log", 0.0, 102.0)])
+    assert states(q) == {"Unrecognized": AlertState.RESOLVED}
