@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import operator
 import os
 import re
 import warnings
@@ -35,29 +36,29 @@ EVENT_FILTER = [FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedE
 
 
 _Match = Callable[[str], object]
-_GLOBS: dict[int, tuple[Watch, _Match, _Match]] = {}
+_GLOBS: dict[int, tuple[Watch, _Match]] = {}
 
 
-def _globs(watch: Watch) -> tuple[_Match, _Match]:
-    """``(exclude, include)``: each of the watch's glob lists as one compiled regex, as
-    ``fnmatch.fnmatch`` reads a glob (a resync asks for every file of the tree: 10,000 of them
-    were 13 ``fnmatch`` calls each). Kept per watch object (a frozen config model)."""
+def _globs(watch: Watch) -> _Match:
+    """The watch's globs as one compiled regex, as ``fnmatch.fnmatch`` reads a glob: a name
+    matches when no exclude glob and some include glob does (a resync asks for every file of the
+    tree: 10,000 of them were 13 ``fnmatch`` calls each). Kept per watch object (a frozen config
+    model)."""
     got = _GLOBS.get(id(watch))
     if got is not None and got[0] is watch:
-        return got[1], got[2]
+        return got[1]
     if len(_GLOBS) > 64:  # watches come from the config (and its reloads): a few
         _GLOBS.clear()
-    exclude, include = (re.compile("|".join(fnmatch.translate(os.path.normcase(p)) for p in pats) or "(?!)").match
+    exclude, include = ("|".join(fnmatch.translate(os.path.normcase(p)) for p in pats) or "(?!)"
                         for pats in (watch.exclude, watch.patterns))
-    _GLOBS[id(watch)] = (watch, exclude, include)
-    return exclude, include
+    accept = re.compile(f"(?!{exclude})(?:{include})").match
+    _GLOBS[id(watch)] = (watch, accept)
+    return accept
 
 
 def matches(watch: Watch, path: str) -> bool:
     """Whether a file path belongs to ``watch`` (its include/exclude globs on the file name)."""
-    name = os.path.normcase(os.path.basename(path))
-    exclude, include = _globs(watch)
-    return not exclude(name) and include(name) is not None
+    return _globs(watch)(os.path.normcase(os.path.basename(path))) is not None
 
 
 def watch_for(watches: list[Watch], path: str) -> Watch | None:
@@ -79,13 +80,21 @@ def watch_for(watches: list[Watch], path: str) -> Watch | None:
 def walk(watch: Watch, limit: int, allow: Callable[[str], bool] | None = None) -> Iterator[str]:
     """Files of a watch, found by listing the tree (at most ``limit``); unreadable dirs skipped,
     symlinked dirs not entered, a symlinked file only if ``allow(path)`` (the confinement).
-    The number of directories listed is left in DIRS_SEEN (the watch-limit check reuses it)."""
+    The number of directories listed is left in DIRS_SEEN (the watch-limit check reuses it).
+
+    Every resync lists every watched file (10,000 on a big host, every ``resync_interval``), so
+    the per-entry work is kept small: the globs are looked up once per walk and matched on the
+    entry's name, and the file type comes from the directory listing (no ``stat`` per file)."""
     root = str(watch.path)
     if not os.path.exists(root):  # the job may not have created it yet
         return
     if os.path.isfile(root):
         yield root
         return
+    accept = _globs(watch)
+    norm = os.path.normcase
+    fold = norm("A") != "A"  # (only Windows folds case: elsewhere the name is matched as it is)
+    recursive = watch.recursive
     stack, n, dirs = [root], 0, 0
     try:
         while stack:
@@ -93,28 +102,33 @@ def walk(watch: Watch, limit: int, allow: Callable[[str], bool] | None = None) -
             dirs += 1
             try:
                 with os.scandir(d) as it:
-                    entries = sorted(it, key=lambda e: e.name)
+                    entries = list(it)
             except OSError as exc:
                 log.warning("cannot list %s: %s", d, exc)
                 continue
+            entries.sort(key=_NAME)
             for e in entries:
                 try:
                     if e.is_dir(follow_symlinks=False):
-                        if watch.recursive:
+                        if recursive:
                             stack.append(e.path)
-                    elif e.is_file() and matches(watch, e.path):
-                        if allow is not None and e.is_symlink() and not allow(e.path):
-                            continue
-                        yield e.path
-                        n += 1
-                        if n >= limit:
-                            return
+                        continue
+                    name = norm(e.name) if fold else e.name
+                    if accept(name) is None or not e.is_file():
+                        continue
+                    if allow is not None and e.is_symlink() and not allow(e.path):
+                        continue
                 except OSError:
                     continue
+                yield e.path
+                n += 1
+                if n >= limit:
+                    return
     finally:
         DIRS_SEEN[root] = dirs + len(stack)  # a walk cut short by ``limit`` gives a lower bound
 
 
+_NAME = operator.attrgetter("name")
 DIRS_SEEN: dict[str, int] = {}  # watch root -> directories found by its latest walk
 
 
