@@ -131,6 +131,8 @@ class AgentCollector(Collector):
                              "read again)."),
                             ("watch_events", "File-system events received."),
                             ("resyncs", "Periodic reconciliation passes over the watched trees."),
+                            ("resync_walks", "Resyncs that walked the watched trees and compared every file "
+                             "with what was read (while inotify is healthy, one periodic resync in 4)."),
                             ("queue_overflows", "Times the change queue was full and a resync was forced."),
                             ("symlinks_skipped", "Symlinks in watched trees not followed: their target is "
                              "outside the watched roots (follow_symlinks: true on the watch allows it).")):

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import operator
 import os
 import re
+import threading
 import warnings
 from typing import Callable, Iterator
 
-from watchdog.events import (DirCreatedEvent, DirMovedEvent, FileClosedEvent, FileCreatedEvent,
-                             FileModifiedEvent, FileMovedEvent, FileSystemEvent, FileSystemEventHandler)
+from watchdog.events import (DirCreatedEvent, DirDeletedEvent, DirMovedEvent, FileClosedEvent, FileCreatedEvent,
+                             FileDeletedEvent, FileModifiedEvent, FileMovedEvent, FileSystemEvent,
+                             FileSystemEventHandler)
 from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver
+from watchdog.observers.api import BaseObserver, ObservedWatch
 from watchdog.observers.polling import PollingObserver
 
 from ..config import Watch
@@ -30,34 +33,34 @@ from .mounts import Mount, count_dirs, is_network_fs, mount_of, read_mounts, rea
 
 log = logging.getLogger(__name__)
 warnings.filterwarnings("ignore", category=RuntimeWarning, module="watchdog")
-EVENT_FILTER = [FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedEvent,
-                DirCreatedEvent, DirMovedEvent]
+EVENT_FILTER = [FileCreatedEvent, FileModifiedEvent, FileClosedEvent, FileMovedEvent, FileDeletedEvent,
+                DirCreatedEvent, DirMovedEvent, DirDeletedEvent]
 
 
 _Match = Callable[[str], object]
-_GLOBS: dict[int, tuple[Watch, _Match, _Match]] = {}
+_GLOBS: dict[int, tuple[Watch, _Match]] = {}
 
 
-def _globs(watch: Watch) -> tuple[_Match, _Match]:
-    """``(exclude, include)``: each of the watch's glob lists as one compiled regex, as
-    ``fnmatch.fnmatch`` reads a glob (a resync asks for every file of the tree: 10,000 of them
-    were 13 ``fnmatch`` calls each). Kept per watch object (a frozen config model)."""
+def _globs(watch: Watch) -> _Match:
+    """The watch's globs as one compiled regex, as ``fnmatch.fnmatch`` reads a glob: a name
+    matches when no exclude glob and some include glob does (a resync asks for every file of the
+    tree: 10,000 of them were 13 ``fnmatch`` calls each). Kept per watch object (a frozen config
+    model)."""
     got = _GLOBS.get(id(watch))
     if got is not None and got[0] is watch:
-        return got[1], got[2]
+        return got[1]
     if len(_GLOBS) > 64:  # watches come from the config (and its reloads): a few
         _GLOBS.clear()
-    exclude, include = (re.compile("|".join(fnmatch.translate(os.path.normcase(p)) for p in pats) or "(?!)").match
+    exclude, include = ("|".join(fnmatch.translate(os.path.normcase(p)) for p in pats) or "(?!)"
                         for pats in (watch.exclude, watch.patterns))
-    _GLOBS[id(watch)] = (watch, exclude, include)
-    return exclude, include
+    accept = re.compile(f"(?!{exclude})(?:{include})").match
+    _GLOBS[id(watch)] = (watch, accept)
+    return accept
 
 
 def matches(watch: Watch, path: str) -> bool:
     """Whether a file path belongs to ``watch`` (its include/exclude globs on the file name)."""
-    name = os.path.normcase(os.path.basename(path))
-    exclude, include = _globs(watch)
-    return not exclude(name) and include(name) is not None
+    return _globs(watch)(os.path.normcase(os.path.basename(path))) is not None
 
 
 def watch_for(watches: list[Watch], path: str) -> Watch | None:
@@ -79,13 +82,21 @@ def watch_for(watches: list[Watch], path: str) -> Watch | None:
 def walk(watch: Watch, limit: int, allow: Callable[[str], bool] | None = None) -> Iterator[str]:
     """Files of a watch, found by listing the tree (at most ``limit``); unreadable dirs skipped,
     symlinked dirs not entered, a symlinked file only if ``allow(path)`` (the confinement).
-    The number of directories listed is left in DIRS_SEEN (the watch-limit check reuses it)."""
+    The number of directories listed is left in DIRS_SEEN (the watch-limit check reuses it).
+
+    Every resync lists every watched file (10,000 on a big host, every ``resync_interval``), so
+    the per-entry work is kept small: the globs are looked up once per walk and matched on the
+    entry's name, and the file type comes from the directory listing (no ``stat`` per file)."""
     root = str(watch.path)
     if not os.path.exists(root):  # the job may not have created it yet
         return
     if os.path.isfile(root):
         yield root
         return
+    accept = _globs(watch)
+    norm = os.path.normcase
+    fold = norm("A") != "A"  # (only Windows folds case: elsewhere the name is matched as it is)
+    recursive = watch.recursive
     stack, n, dirs = [root], 0, 0
     try:
         while stack:
@@ -93,40 +104,51 @@ def walk(watch: Watch, limit: int, allow: Callable[[str], bool] | None = None) -
             dirs += 1
             try:
                 with os.scandir(d) as it:
-                    entries = sorted(it, key=lambda e: e.name)
+                    entries = list(it)
             except OSError as exc:
                 log.warning("cannot list %s: %s", d, exc)
                 continue
+            entries.sort(key=_NAME)
             for e in entries:
                 try:
                     if e.is_dir(follow_symlinks=False):
-                        if watch.recursive:
+                        if recursive:
                             stack.append(e.path)
-                    elif e.is_file() and matches(watch, e.path):
-                        if allow is not None and e.is_symlink() and not allow(e.path):
-                            continue
-                        yield e.path
-                        n += 1
-                        if n >= limit:
-                            return
+                        continue
+                    name = norm(e.name) if fold else e.name
+                    if accept(name) is None or not e.is_file():
+                        continue
+                    if allow is not None and e.is_symlink() and not allow(e.path):
+                        continue
                 except OSError:
                     continue
+                yield e.path
+                n += 1
+                if n >= limit:
+                    return
     finally:
         DIRS_SEEN[root] = dirs + len(stack)  # a walk cut short by ``limit`` gives a lower bound
 
 
+_NAME = operator.attrgetter("name")
 DIRS_SEEN: dict[str, int] = {}  # watch root -> directories found by its latest walk
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, on_path: Callable[[str], None], on_dir: Callable[[str], None]) -> None:
-        self.on_path, self.on_dir = on_path, on_dir
+    """``on_path``: a file changed; ``on_tree``: the tree changed in a way only a walk follows
+    (a directory came, went or moved; a file was deleted: its open descriptor must be read out
+    and let go)."""
+
+    def __init__(self, on_path: Callable[[str], None], on_tree: Callable[[str], None]) -> None:
+        self.on_path, self.on_tree = on_path, on_tree
 
     def on_any_event(self, event: FileSystemEvent) -> None:
         path = os.fsdecode(event.dest_path or event.src_path) if event.event_type == "moved" else os.fsdecode(event.src_path)
         if event.is_directory:
-            if event.event_type in ("created", "moved"):
-                self.on_dir(path)
+            if event.event_type in ("created", "moved", "deleted"):
+                self.on_tree(path)
+        elif event.event_type == "deleted":
+            self.on_tree(path)
         else:
             self.on_path(path)
 
@@ -161,7 +183,11 @@ class TreeWatcher:
         self._inotify_dirs: dict[str, int] = {}  # inotify watch path -> directories it needs
         self._over_limit_reported = False
         self._started = False
-        self._overflow_log = _OverflowLog(on_overflow)
+        self._overflow_log = _OverflowLog(self._walk_now)
+        self._targets: dict[str, str] = {}
+        self._observed: dict[str, ObservedWatch] = {}  # watch path -> the directory given to inotify
+        self._walk_lock = threading.Lock()
+        self._walk_wanted = True  # the next resync must walk the trees (see walk_needed)
         logging.getLogger("watchdog.observers.inotify_c").addHandler(self._overflow_log)
 
     def start(self) -> None:
@@ -174,11 +200,16 @@ class TreeWatcher:
     def schedule_missing(self) -> None:
         """Add observers for watch paths that exist now (a job's log dir may appear later), and
         check that the inotify trees, grown since, still fit under the watch limit."""
-        handler = _Handler(self._path_event, lambda d: self.on_overflow())
+        handler = _Handler(self._path_event, lambda _path: self._walk_now())
+        alive = self._live_targets()
         for w in self.watches:
             key = str(w.path)
             if key in self.scheduled:
-                continue
+                if self.modes.get(key) != "inotify" or self._targets.get(key) in alive:
+                    continue
+                # its inotify watch ended (the watched directory was removed): watch it again once
+                # it is back; until then the resync walks (walk_needed)
+                self._unschedule(key)
             target = key if os.path.isdir(key) else os.path.dirname(key)
             if not os.path.isdir(target):
                 continue
@@ -189,7 +220,9 @@ class TreeWatcher:
                                                            event_filter=EVENT_FILTER)
                     self.modes[key] = "poll"
                 elif self._fits(key, target, recursive):
-                    self.observer.schedule(handler, target, recursive=recursive, event_filter=EVENT_FILTER)
+                    self._observed[key] = self.observer.schedule(handler, target, recursive=recursive,
+                                                                 event_filter=EVENT_FILTER)
+                    self._targets[key] = target
                     self.modes[key] = "inotify"
                 else:
                     self.modes[key] = "resync"
@@ -197,6 +230,43 @@ class TreeWatcher:
             except OSError as exc:  # inotify limits, permissions
                 self.on_error(f"cannot watch {key}: {exc}; relying on periodic resync")
         self._check_growth()
+
+    def _unschedule(self, key: str) -> None:
+        self.scheduled.discard(key)
+        self.modes.pop(key, None)
+        self._targets.pop(key, None)
+        self._inotify_dirs.pop(key, None)
+        observed = self._observed.pop(key, None)
+        if observed is not None:
+            try:
+                self.observer.unschedule(observed)
+            except (KeyError, OSError):
+                pass
+
+    def _live_targets(self) -> set[str]:
+        """The directories whose inotify watch is still running."""
+        return {os.fsdecode(e.watch.path) for e in list(self.observer.emitters) if e.is_alive()}
+
+    def _walk_now(self) -> None:
+        """Events were lost or the tree changed shape: the next resync walks, and comes at once."""
+        with self._walk_lock:
+            self._walk_wanted = True
+        self.on_overflow()
+
+    def walk_needed(self) -> bool:
+        """Whether the next resync must walk the watched trees and compare every file with what
+        was read, and take that note: yes after an inotify overflow, a directory that came, went or
+        moved, or a deleted file (each also asks for a resync at once), and whenever a watch is not
+        on a live inotify watch (polled, left to the resync by the watch limit, not there yet, or
+        its directory removed). Otherwise inotify has told every change, and the daemon walks only
+        now and then (daemon/worker.py), as a safety net."""
+        with self._walk_lock:
+            wanted, self._walk_wanted = self._walk_wanted, False
+        if wanted:
+            return True
+        alive = self._live_targets()
+        return not all(self.modes.get(str(w.path)) == "inotify" and self._targets.get(str(w.path)) in alive
+                       for w in self.watches)
 
     def _polled(self, w: Watch, target: str) -> bool:
         if w.poll is True or w.poll is False:

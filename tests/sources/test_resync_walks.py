@@ -1,0 +1,123 @@
+"""When a resync walks the watched trees: always when inotify may have missed something (an
+overflow, a directory that came or went, a deleted file, a watch that is not on live inotify),
+otherwise only every few resyncs (daemon/worker.py HEALTHY_WALK_EVERY). Real inotify, real files,
+the real agent in-process."""
+
+import logging
+import shutil
+import subprocess
+import sys
+import threading
+
+from precision_agent.config import Config, Limits, Watch
+from precision_agent.daemon.agent import Agent
+from precision_agent.sources.watcher import TreeWatcher
+
+from support.agent import write_megatron
+from conftest import free_port, wait_for
+
+
+MANY = r"""
+import sys
+for i in range(200):
+    with open(f"{sys.argv[1]}/rank{i:03d}.log", "w") as f:
+        for it in (1, 2):
+            f.write(f" iteration {it:>8}/    1000 | consumed samples: {it*8:>12} | learning rate: 1.000000E-04 | "
+                    f"global batch size:     8 | lm loss: {5.0 - it * 0.001:.6E} | loss scale: 65536.0 | "
+                    f"grad norm: 1.5 | number of skipped iterations:   0 | number of nan iterations:   0 |\n")
+"""
+
+
+def _watcher(root):
+    paths, resyncs = [], threading.Event()
+    w = TreeWatcher([Watch(path=root)], paths.append, resyncs.set, lambda msg: None, mounts=[], watch_limit=None)
+    w.start()
+    return w, paths, resyncs
+
+
+def test_walk_needed_after_whatever_inotify_cannot_tell(tmp_path):
+    root = tmp_path / "logs"
+    root.mkdir()
+    (root / "old.log").write_text("x\n")
+    w, paths, resyncs = _watcher(root)
+    try:
+        assert w.walk_needed()          # the first resync walks
+        assert not w.walk_needed()      # then inotify is live and nothing was lost
+        (root / "a.log").write_text("line\n")
+        wait_for(lambda: str(root / "a.log") in paths, what="the event")
+        assert not w.walk_needed()      # a file event is read as it is: no walk
+        # an overflow, as watchdog reports it (a log line): walk, and ask for the resync at once
+        logging.getLogger("watchdog.observers.inotify_c").warning("inotify event queue overflowed")
+        assert resyncs.is_set() and w.walk_needed() and not w.walk_needed()
+        resyncs.clear()
+        (root / "run2").mkdir()         # files written right after mkdir are often missed
+        wait_for(lambda: resyncs.is_set(), what="a resync asked for the new directory")
+        assert w.walk_needed()
+        wait_for(lambda: not w.walk_needed(), what="no more tree events")
+        resyncs.clear()
+        (root / "old.log").unlink()     # its descriptor must be read out and let go: a walk finds it gone
+        wait_for(lambda: resyncs.is_set(), what="a resync asked for the deleted file")
+        assert w.walk_needed()
+    finally:
+        w.stop()
+
+
+def test_a_removed_and_recreated_root_is_walked_then_watched_again(tmp_path):
+    root = tmp_path / "logs"
+    root.mkdir()
+    w, paths, _ = _watcher(root)
+    try:
+        assert w.walk_needed() and not w.walk_needed()
+        shutil.rmtree(root)
+        wait_for(lambda: w.walk_needed(), what="the dead inotify watch noticed")
+        assert w.walk_needed()          # for as long as the root is not watched: every resync walks
+        root.mkdir()
+        w.schedule_missing()            # (every resync)
+        assert w.modes[str(root)] == "inotify"
+        (root / "b.log").write_text("line\n")
+        wait_for(lambda: str(root / "b.log") in paths, what="events from the new watch")
+        wait_for(lambda: not w.walk_needed(), what="the new watch live")
+    finally:
+        w.stop()
+
+
+def _agent(tmp_path, **kw):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    cfg = Config(listen=f"127.0.0.1:{free_port()}", state_dir=tmp_path / "state", watches=[Watch(path=logs)],
+                 **kw)
+    agent = Agent(cfg)
+    agent.start()
+    return agent, logs
+
+
+def test_healthy_resyncs_walk_seldom_and_lose_nothing(tmp_path):
+    agent, logs = _agent(tmp_path, resync_interval=0.1, limits=Limits(nice=0, io_idle=False))
+    c = agent.health.counters
+    try:
+        write_megatron(logs / "train.log", 1, 3)
+        wait_for(lambda: c["log_lines_read"] == 3, what="lines read")
+        start = c["resyncs"], c["resync_walks"]
+        wait_for(lambda: c["resyncs"] >= start[0] + 12, what="a dozen resyncs")
+        walks = c["resync_walks"] - start[1]
+        assert 1 <= walks < c["resyncs"] - start[0]   # the periodic safety net still walks, seldom
+        write_megatron(logs / "train.log", 4, 5)      # inotify tells the appends
+        wait_for(lambda: c["log_lines_read"] == 5, what="the appends read")
+    finally:
+        agent.shutdown()
+
+
+def test_files_created_while_the_queue_overflowed_are_found(tmp_path):
+    """No periodic walk for an hour: the queue's overflow alone makes the next resync walk."""
+    agent, logs = _agent(tmp_path, resync_interval=3600, limits=Limits(nice=0, io_idle=False, queue_size=10))
+    c = agent.health.counters
+    try:
+        wait_for(lambda: c["resync_walks"] >= 1, what="the first walk")
+        # 200 files at once from another process: far more paths than the queue holds
+        subprocess.run([sys.executable, "-c", MANY, str(logs)], check=True, timeout=60)
+        wait_for(lambda: c["log_lines_read"] == 400, timeout=60, what="every file read")
+        assert c["queue_overflows"] > 0 and c["resync_walks"] >= 2
+        (logs / "rank000.log").unlink()   # a deleted file is let go without waiting for a periodic walk
+        wait_for(lambda: str(logs / "rank000.log") not in agent.streams, what="the deleted file dropped")
+    finally:
+        agent.shutdown()
