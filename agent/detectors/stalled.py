@@ -93,27 +93,36 @@ class StalledDetector(Detector[StalledParams]):
         if series.last_step is None or not (self.metrics & series.last.keys()
                                             or series.nonfinite.get(NONFINITE_MESSAGE)):
             return None  # no steps, or a dump series (scans, comparisons): not a training stream
-        t = self._tracks.get(series.labels)
+        # read without noting a change: every series is ticked every evaluation, and a track
+        # noted as changed is re-encoded and hashed at the next commit (store/book.py); ``get``
+        # (which notes it) only where the track changes
+        t = self._tracks.value(series.labels)
+        if t is None:
+            t = self._tracks.get(series.labels)
         if series.finished:  # the trainer announced the end of training: quiet is expected
             if t.active:
-                t.active = False
+                self._tracks.get(series.labels).active = False
                 return Clear(series.labels)
             return None
         if p.progress == "step":
             if t.step is None or (series.last_step is not None and series.last_step > t.step):
+                t = self._tracks.get(series.labels)
                 t.step, t.since = series.last_step, series.last_update  # e.g. after a restart
             since = t.since if t.since is not None else series.last_update
         else:
             since = series.last_update
         idle = now - since
         if p.expire_after and idle >= p.expire_after:
-            t.expired = True
+            if not t.expired or t.active:
+                t = self._tracks.get(series.labels)
+                t.expired = True
             if t.active:
                 t.active = False
                 return Clear(series.labels)
             return None
         if idle < p.after or t.active or t.expired:
             return None
+        t = self._tracks.get(series.labels)
         t.active = True
         what = "step" if p.progress == "step" else "record"
         return Hit(series.labels, f"no new {what} for {idle:.0f}s"

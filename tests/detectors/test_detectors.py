@@ -564,6 +564,30 @@ def test_stalled_fires_after_silence_and_clears_on_a_new_record(tmp_path):
     assert states(p) == {"R": AlertState.RESOLVED}
 
 
+def test_stalled_ticks_that_change_nothing_leave_its_memory_unwritten(tmp_path):
+    """Every series is ticked every evaluation: a tick that changes no track must not note it as
+    changed, or each commit re-encodes and hashes every track (the idle CPU of many files)."""
+    p = pipeline(tmp_path, rule("stalled", "{after: 10m, expire_after: 1h}"))
+    f = Feed(p)
+    f(LOSS, 2.0, 100)
+    t0 = f.t
+    tracks = next(r for r in p.rules.rules if r.name == "R").detector._tracks
+    p.tick(t0 + 1)
+    tracks.persisted()
+    p.tick(t0 + 2)
+    assert tracks.changed == set()
+    p.tick(t0 + 601)   # the stall begins: its track changes
+    assert tracks.changed
+    tracks.persisted()
+    p.tick(t0 + 700)   # still stalled, already firing: nothing new
+    assert tracks.changed == set() and len(p.alerts.active()) == 1
+    p.tick(t0 + 3601)  # expired: the track changes once, then stays
+    assert tracks.changed and p.alerts.active() == []
+    tracks.persisted()
+    p.tick(t0 + 3700)
+    assert tracks.changed == set()
+
+
 def test_stalled_ignores_series_without_steps_and_expires(tmp_path):
     p = pipeline(tmp_path, rule("stalled", "{after: 60s, expire_after: 1h}"))
     Feed(p, (("run", "msgs"),))(OVERFLOW, 1, None)
