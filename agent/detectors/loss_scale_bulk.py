@@ -68,7 +68,7 @@ def absorb(det: "LossScaleDetector", labels: Labels, run: RunView, metrics: froz
         t = det._tracks.get(labels)
         # one at a time, each step other than the one judged last becomes it and may start the
         # span (the plan made sure every one has a step; the last judged is no lower than the start)
-        steps = [samples[i].step for i in seen]
+        steps = run.pick("step", seen)
         low = min(steps)
         if low != t.judged_step and (t.span_start is None or low < t.span_start):
             t.span_start = low
@@ -105,5 +105,4 @@ def _ratio_plan(det: "LossScaleDetector", labels: Labels, run: RunView, metrics:
     t = det._tracks.value(labels)
     if t is None or t.warm or t.active or t.overflows or t.skipped != 0:
         return min(at, idx[0])
-    samples = run.samples
-    return min(at, next((i for i in idx if samples[i].step is None), run.n))
+    return min(at, run.first_none("step", idx))

@@ -47,6 +47,10 @@ _PERSISTED = ("records", "first_step", "last_step", "last_update", "last", "scal
 # producers whose trainers have no loss scaler at all (torchtitan trains in bf16/fp32 through FSDP's
 # mixed precision)
 NO_SCALER_PRODUCERS = frozenset({"torchtitan"})
+# metrics whose values ``ingest`` does more with than keep the last (ingest_run's short way is
+# for the others)
+_VALUE_LOGIC = HINT_METRICS | {LOSS_SCALE, OVERFLOW, SKIPPED_INTERVAL, SKIPPED_CUMULATIVE, NONFINITE_MESSAGE}
+_NO_RECORD = object()
 
 
 @dataclass(slots=True)  # no __dict__: ~1 kB less per followed series
@@ -225,6 +229,61 @@ class SeriesState(OverflowAccounting):
             return (s,)  # the common case: the value itself, nothing the record proved besides
         out.append(s)
         return out
+
+    def ingest_run(self, run: list[Sample], i: int, stop: int,
+                   quiet: frozenset[str] | set[str]) -> tuple[int, list[Sample] | tuple[Sample, ...] | None]:
+        """``ingest`` ``run[i:stop]`` in order, up to the first sample whose answer is more than
+        the sample itself, of a metric in ``quiet``, in the same attempt (what the pipeline
+        must act on). Returns ``(k, accepted)``: ``run[i:k]`` answered only themselves and
+        ``run[k]`` answered ``accepted``; ``(stop, None)`` when every sample did.
+
+        This is ``ingest``, a sample after the other: a value of the record just ingested
+        (the same ``SourcePos`` object, step, time and producer, no attributes, in the progress
+        step in force) leaves every record-level field as the record's first value left it
+        (records aside), so a finite float of no overflow or scale metric only counts and
+        becomes the metric's last value, and a scale equal to the last (inside the range seen)
+        only resets what ``_scale`` resets; every other sample goes through ``ingest`` itself.
+        Catching up on a backlog that is one Python call per record and scale change, not per
+        value (tests/engine/test_bulk_equals_per_sample.py, tests/series/test_series.py)."""
+        ingest, last, attempt = self.ingest, self.last, self.attempt
+        src: Any = _NO_RECORD  # the record of the last sample ingested in full
+        step = t = prod = None
+        while i < stop:
+            s = run[i]
+            m = s.metric
+            if (s.source is src and s.step == step and s.time == t and s.producer == prod and not s.attrs
+                    and (step is None or step == self._progress_step)):
+                v = s.value
+                if m not in _VALUE_LOGIC:
+                    if v.__class__ is float and v - v == 0.0 and (
+                            m != LOSS or self._progress_line == (src.path, src.line)):
+                        self.records += 1  # ``ingest`` with nothing to do but this and the last value
+                        last[m] = v
+                        if m not in quiet:
+                            return i, (s,)
+                        i += 1
+                        continue
+                elif (m == LOSS_SCALE and v.__class__ is float and v == self.scale_last
+                      and self.scale_first is not None and (low := self.scale_min) is not None and low <= v
+                      and (high := self.scale_max) is not None and v <= high):
+                    # ``_scale`` of the scale where it was: no back-off, no growth, nothing to note
+                    self.records += 1
+                    self.scale_last = last[m] = v
+                    self._overflows_since_scale = 0
+                    self._progress_since_scale = False
+                    if m not in quiet:
+                        return i, [s]
+                    i += 1
+                    continue
+            out = ingest(s)
+            if m in HINT_METRICS or s.source is None:
+                src = _NO_RECORD
+            else:
+                src, step, t, prod = s.source, s.step, s.time, s.producer
+            if m not in quiet or self.attempt != attempt or len(out) != 1 or out[0] is not s:
+                return i, out
+            i += 1
+        return stop, None
 
     def _behind_step(self, s: Sample, step: int, ps: int) -> int | None:
         """A progress record whose step is below the last one. A new epoch of a per-epoch counter
