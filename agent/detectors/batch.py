@@ -54,12 +54,13 @@ class RunView:
             return col[idx.start:idx.stop:idx.step]
         return itemgetter(*idx)(col) if len(idx) > 1 else [col[i] for i in idx]
 
-    def first_none(self, field: str, idx: Sequence[int]) -> int:
-        """Position of the first sample of ``idx`` whose ``field`` is None (the run's length if none)."""
+    def first_none(self, field: str, metrics: frozenset[str]) -> int:
+        """Position of the first sample of any of ``metrics`` whose ``field`` is None (the run's
+        length if none)."""
         col = self.column(field)
         if None not in col:
             return self.n
-        return next((i for i in idx if col[i] is None), self.n)
+        return next((i for i in self.of(metrics) if col[i] is None), self.n)
 
     def index(self, metric: str) -> Sequence[int]:
         """Positions (in the run) of the samples of ``metric``, in order."""
@@ -108,11 +109,6 @@ class RunView:
     def count_before(self, metric: str, upto: int) -> int:
         """How many samples of ``metric`` lie before position ``upto``."""
         return bisect_left(self.index(metric), upto)
-
-    @staticmethod
-    def count_before_in(index: Sequence[int], upto: int) -> int:
-        """How many positions of ``index`` (from ``of``) lie before ``upto``."""
-        return bisect_left(index, upto)
 
     def first(self, metrics: frozenset[str] | set[str]) -> int:
         """Position of the first sample of any of ``metrics`` (the run's length if none)."""

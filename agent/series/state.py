@@ -246,20 +246,20 @@ class SeriesState(OverflowAccounting):
         Catching up on a backlog that is one Python call per record and scale change, not per
         value (tests/engine/test_bulk_equals_per_sample.py, tests/series/test_series.py)."""
         ingest, last, attempt = self.ingest, self.last, self.attempt
-        src: Any = _NO_RECORD  # the record of the last sample ingested in full
+        src: Any = _NO_RECORD  # the record of the last sample ingested in full, where in force
         step = t = prod = None
+        short = 0  # samples that took the short way since ``records`` was last brought up to date
         while i < stop:
             s = run[i]
-            m = s.metric
-            if (s.source is src and s.step == step and s.time == t and s.producer == prod and not s.attrs
-                    and (step is None or step == self._progress_step)):
-                v = s.value
+            if s.source is src and s.step == step and s.time == t and s.producer == prod and not s.attrs:
+                m, v = s.metric, s.value
                 if m not in _VALUE_LOGIC:
                     if v.__class__ is float and v - v == 0.0 and (
                             m != LOSS or self._progress_line == (src.path, src.line)):
-                        self.records += 1  # ``ingest`` with nothing to do but this and the last value
+                        short += 1  # ``ingest`` with nothing to do but count and keep the last value
                         last[m] = v
                         if m not in quiet:
+                            self.records += short
                             return i, (s,)
                         i += 1
                         continue
@@ -267,22 +267,30 @@ class SeriesState(OverflowAccounting):
                       and self.scale_first is not None and (low := self.scale_min) is not None and low <= v
                       and (high := self.scale_max) is not None and v <= high):
                     # ``_scale`` of the scale where it was: no back-off, no growth, nothing to note
-                    self.records += 1
+                    short += 1
                     self.scale_last = last[m] = v
                     self._overflows_since_scale = 0
                     self._progress_since_scale = False
                     if m not in quiet:
+                        self.records += short
                         return i, [s]
                     i += 1
                     continue
+            if short:
+                self.records += short
+                short = 0
             out = ingest(s)
-            if m in HINT_METRICS or s.source is None:
-                src = _NO_RECORD
+            m = s.metric
+            step = s.step
+            if m in HINT_METRICS or s.source is None or (step is not None and step != self._progress_step):
+                src = _NO_RECORD  # (a step other than the progress step: the record part is no no-op)
             else:
-                src, step, t, prod = s.source, s.step, s.time, s.producer
+                src, t, prod = s.source, s.time, s.producer
             if m not in quiet or self.attempt != attempt or len(out) != 1 or out[0] is not s:
                 return i, out
             i += 1
+        if short:
+            self.records += short
         return stop, None
 
     def _behind_step(self, s: Sample, step: int, ps: int) -> int | None:
