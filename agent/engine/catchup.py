@@ -1,8 +1,11 @@
 """Judging a run of one series' samples: the hot loop of ``Pipeline.process``.
 
 A run is what ``process`` was handed of one series in a row (a backlog: thousands of records of
-one file). Each sample goes through the series state (``SeriesState.ingest``) and then to the
-rules of the series' table (metric -> the rules that judge it) one at a time, in order.
+one file). Each sample goes through the series state and then to the rules of the series' table
+(metric -> the rules that judge it) one at a time, in order; the samples that answer only
+themselves, of metrics no rule observes one by one, go through the series state in one call
+(``SeriesState.ingest_run``: ``ingest`` a sample after the other, a record's later values the
+short way).
 
 Where the run is long enough, each rule is first asked for its plan (``Detector.plan``, over a
 ``RunView`` of the run): the position of the first sample it may answer something for, or

@@ -232,19 +232,15 @@ class SeriesState(OverflowAccounting):
 
     def ingest_run(self, run: list[Sample], i: int, stop: int,
                    quiet: frozenset[str] | set[str]) -> tuple[int, list[Sample] | tuple[Sample, ...] | None]:
-        """``ingest`` ``run[i:stop]`` in order, up to the first sample whose answer is more than
-        the sample itself, of a metric in ``quiet``, in the same attempt (what the pipeline
-        must act on). Returns ``(k, accepted)``: ``run[i:k]`` answered only themselves and
-        ``run[k]`` answered ``accepted``; ``(stop, None)`` when every sample did.
-
-        This is ``ingest``, a sample after the other: a value of the record just ingested
-        (the same ``SourcePos`` object, step, time and producer, no attributes, in the progress
-        step in force) leaves every record-level field as the record's first value left it
-        (records aside), so a finite float of no overflow or scale metric only counts and
-        becomes the metric's last value, and a scale equal to the last (inside the range seen)
-        only resets what ``_scale`` resets; every other sample goes through ``ingest`` itself.
-        Catching up on a backlog that is one Python call per record and scale change, not per
-        value (tests/engine/test_bulk_equals_per_sample.py, tests/series/test_series.py)."""
+        """``ingest`` ``run[i:stop]`` in order, up to the first sample whose answer the pipeline
+        must act on (more than the sample itself, a metric not in ``quiet``, a new attempt).
+        Returns ``(k, accepted)``: ``run[i:k]`` answered only themselves, ``run[k]`` answered
+        ``accepted``; ``(stop, None)`` when all did. This is ``ingest`` a sample after the other:
+        a later value of the record just ingested (the same ``SourcePos`` object, step, time,
+        producer, no attributes, the step in force) leaves the record-level fields as the first
+        left them, so a finite float of a plain metric only counts and becomes the last value,
+        and a scale equal to the last (inside the range seen) only resets what ``_scale`` does;
+        all else goes through ``ingest`` (tests/series/test_ingest_run.py)."""
         ingest, last, attempt = self.ingest, self.last, self.attempt
         src: Any = _NO_RECORD  # the record of the last sample ingested in full, where in force
         step = t = prod = None

@@ -18,10 +18,9 @@ LABELS = (("job", "j"),)
 
 
 def state(st: SeriesState) -> str:
+    types = [type(st.scale_last).__name__, type(st.last.get(LOSS_SCALE)).__name__]
     return json.dumps(json_safe({"dict": st.to_dict(context=True), "last": st.last, "nonfinite": st.nonfinite,
-                                 "explained": st.gradnorm_explained, "types": [type(st.scale_last).__name__,
-                                                                               type(st.last.get(LOSS_SCALE)).__name__]}),
-                      sort_keys=True, default=str)
+                                 "explained": st.gradnorm_explained, "types": types}), sort_keys=True, default=str)
 
 
 def one_at_a_time(samples, st=None):
@@ -59,8 +58,8 @@ def records(seed: int) -> list[Sample]:
         if rnd.random() < 0.1:
             scale = rnd.choice([scale / 2, scale * 2, 1.0, math.nan, 65536])
         prod = rnd.choice(["megatron", "megatron", "megatron", "deepspeed", ""])
-        metrics = [LOSS, LOSS_SCALE, GRAD_NORM, LEARNING_RATE] + rnd.sample([SKIPPED_INTERVAL, NONFINITE_MESSAGE,
-                                                                               OVERFLOW, "eval_loss"], rnd.randint(0, 1))
+        metrics = [LOSS, LOSS_SCALE, GRAD_NORM, LEARNING_RATE]
+        metrics += rnd.sample([SKIPPED_INTERVAL, NONFINITE_MESSAGE, OVERFLOW, "eval_loss"], rnd.randint(0, 1))
         if rnd.random() < 0.5:
             rnd.shuffle(metrics)
         for m in metrics:
