@@ -15,7 +15,9 @@ producers, which samples carry attributes) and keeps it for the next rule.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any
+from itertools import chain
+from operator import attrgetter, itemgetter
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -25,25 +27,46 @@ from ..model import Sample
 class RunView:
     """The samples of one run (one series, in order), by metric."""
 
-    __slots__ = ("samples", "n", "_names", "_index", "_values", "_merged", "_producer", "_attrs")
+    __slots__ = ("samples", "n", "_index", "_values", "_merged", "_producer", "_attrs", "_columns")
 
     def __init__(self, samples: list[Sample]) -> None:
         self.samples = samples
         self.n = len(samples)
-        self._names: np.ndarray | None = None  # the samples' metrics
-        self._index: dict[str, list[int]] | None = None
+        self._index: dict[str, Sequence[int]] | None = None
         self._values: dict[str, np.ndarray] = {}
         self._merged: dict[frozenset[str], list[int]] = {}
         self._producer: Any = False  # not computed yet
         self._attrs: dict[str, int] = {}
+        self._columns: dict[str, list[Any]] = {}
 
-    def index(self, metric: str) -> list[int]:
+    def column(self, field: str) -> list[Any]:
+        """One field of every sample (``"value"``, ``"step"``, ...), in order: read once per run."""
+        col = self._columns.get(field)
+        if col is None:
+            read = _COLUMNS.get(field)
+            col = self._columns[field] = read(self.samples) if read else list(map(attrgetter(field), self.samples))
+        return col
+
+    def pick(self, field: str, idx: Sequence[int]) -> list[Any] | tuple[Any, ...]:
+        """``field`` of the samples at positions ``idx``, in order."""
+        col = self.column(field)
+        if idx.__class__ is range:
+            return col[idx.start:idx.stop:idx.step]
+        return itemgetter(*idx)(col) if len(idx) > 1 else [col[i] for i in idx]
+
+    def first_none(self, field: str, metrics: frozenset[str]) -> int:
+        """Position of the first sample of any of ``metrics`` whose ``field`` is None (the run's
+        length if none)."""
+        col = self.column(field)
+        if None not in col:
+            return self.n
+        return next((i for i in self.of(metrics) if col[i] is None), self.n)
+
+    def index(self, metric: str) -> Sequence[int]:
         """Positions (in the run) of the samples of ``metric``, in order."""
         idx = self._index
         if idx is None:
-            names = [s.metric for s in self.samples]
-            arr = self._names = np.array(names)
-            idx = self._index = {m: np.flatnonzero(arr == m).tolist() for m in set(names)}
+            idx = self._index = positions(self.column("metric"))
         return idx.get(metric, [])
 
     def metrics(self) -> set[str]:
@@ -55,8 +78,7 @@ class RunView:
         """The values of ``metric`` (float64), in order."""
         v = self._values.get(metric)
         if v is None:
-            samples = self.samples
-            v = self._values[metric] = np.array([samples[i].value for i in self.index(metric)], dtype=np.float64)
+            v = self._values[metric] = np.array(self.pick("value", self.index(metric)), dtype=np.float64)
         return v
 
     def finite_tail(self, metric: str, upto: int, keep: int) -> tuple[list[float], int]:
@@ -68,12 +90,15 @@ class RunView:
         samples = self.samples
         return [samples[idx[j]].value for j in fin[max(0, len(fin) - keep):].tolist()] if keep else [], len(fin)
 
-    def of(self, metrics: frozenset[str]) -> list[int]:
+    def of(self, metrics: frozenset[str]) -> Sequence[int]:
         """Positions of the samples of any of ``metrics``, in order."""
         out = self._merged.get(metrics)
         if out is None:
             self.index("")
-            out = self._merged[metrics] = np.flatnonzero(np.isin(self._names, list(metrics))).tolist()
+            assert self._index is not None
+            lists = [self._index[m] for m in metrics if m in self._index]
+            out = self._merged[metrics] = sorted(chain.from_iterable(lists)) if len(lists) > 1 else \
+                list(lists[0]) if lists else []
         return out
 
     def at(self, metric: str, k: int) -> int:
@@ -85,11 +110,6 @@ class RunView:
         """How many samples of ``metric`` lie before position ``upto``."""
         return bisect_left(self.index(metric), upto)
 
-    @staticmethod
-    def count_before_in(index: list[int], upto: int) -> int:
-        """How many positions of ``index`` (from ``of``) lie before ``upto``."""
-        return bisect_left(index, upto)
-
     def first(self, metrics: frozenset[str] | set[str]) -> int:
         """Position of the first sample of any of ``metrics`` (the run's length if none)."""
         return min((self.at(m, 0) for m in metrics), default=self.n)
@@ -98,16 +118,27 @@ class RunView:
         """Position of the first sample of ``metric`` that carries attributes (or the length)."""
         at = self._attrs.get(metric)
         if at is None:
-            samples = self.samples
-            at = self._attrs[metric] = next((i for i in self.index(metric) if samples[i].attrs), self.n)
+            col = self.column("attrs")
+            at = self._attrs[metric] = self.n if col.count(()) == self.n else \
+                next((i for i in self.index(metric) if col[i]), self.n)
         return at
 
     def producer(self) -> str | None:
         """The one producer of every sample of the run; None where they differ."""
         if self._producer is False:
-            producers = {s.producer for s in self.samples}
+            producers = set(self.column("producer"))
             self._producer = producers.pop() if len(producers) == 1 else None
         return self._producer
+
+
+# the fields rules ask of every sample of a run: a comprehension reads a slotted field faster than attrgetter
+_COLUMNS: dict[str, Any] = {
+    "metric": lambda samples: [s.metric for s in samples],
+    "value": lambda samples: [s.value for s in samples],
+    "step": lambda samples: [s.step for s in samples],
+    "attrs": lambda samples: [s.attrs for s in samples],
+    "producer": lambda samples: [s.producer for s in samples],
+}
 
 
 class Window:
@@ -127,6 +158,30 @@ class Window:
         """The plan: ``at``, or the position of the first run value ``act`` marks if earlier."""
         k = first_true(act, self.held)
         return at if k is None else min(at, run.at(metric, int(self.finite[k - self.held])))
+
+
+def positions(names: list[str]) -> dict[str, Sequence[int]]:
+    """Each name's positions in ``names``, in order (a list, or a ``range``). A backlog's records
+    mostly repeat one pattern of metrics (the values of a Megatron line): where ``names`` is a
+    pattern of distinct names over and over, a name's positions are a range, found without a
+    Python step per name."""
+    n = len(names)
+    if n:
+        try:
+            p = names.index(names[0], 1)
+        except ValueError:
+            p = n
+        pattern = names[:p]
+        if len(set(pattern)) == p and names == pattern * (n // p) + pattern[:n % p]:
+            return {m: range(j, n, p) for j, m in enumerate(pattern)}
+    idx: dict[str, Any] = {}  # name -> list of positions
+    for i, m in enumerate(names):
+        at = idx.get(m)
+        if at is None:
+            idx[m] = [i]
+        else:
+            at.append(i)
+    return idx
 
 
 def window(run: RunView, metric: str, metrics: frozenset[str], held: Any, keep: int) -> tuple[int, Window | None]:

@@ -61,20 +61,19 @@ def absorb(det: "LossScaleDetector", labels: Labels, run: RunView, metrics: froz
     cond = det.params.condition
     samples = run.samples
     if cond == "overflow_ratio":
-        idx = run.of(metrics & _STEPPED)
-        seen = idx[:run.count_before_in(idx, upto)]
+        # the samples of each metric before ``upto`` (together: every sample that notes a step)
+        seen = [idx for idx in (run.index(m)[:run.count_before(m, upto)] for m in metrics & _STEPPED) if len(idx)]
         if not seen:
             return
         t = det._tracks.get(labels)
         # one at a time, each step other than the one judged last becomes it and may start the
         # span (the plan made sure every one has a step; the last judged is no lower than the start)
-        steps = [samples[i].step for i in seen]
-        low = min(steps)
+        low = min(min(run.pick("step", idx)) for idx in seen)
         if low != t.judged_step and (t.span_start is None or low < t.span_start):
             t.span_start = low
             t.overflows.clear()
             t.skipped = 0.0
-        t.judged_step = steps[-1]
+        t.judged_step = run.column("step")[max(idx[-1] for idx in seen)]
         return
     k = run.count_before(LOSS_SCALE, upto) if LOSS_SCALE in metrics else 0
     if not k:
@@ -99,11 +98,11 @@ def _ratio_plan(det: "LossScaleDetector", labels: Labels, run: RunView, metrics:
     """Past warm-up, nothing held and no overflow in the window: a value of a record with a
     step only notes it (judged_step, the span's start); an overflow event is observed."""
     at = run.first(metrics - _STEPPED)
-    idx = run.of(metrics & _STEPPED)
-    if not idx:
+    stepped = metrics & _STEPPED
+    first = run.first(stepped)
+    if first >= run.n:
         return at
     t = det._tracks.value(labels)
     if t is None or t.warm or t.active or t.overflows or t.skipped != 0:
-        return min(at, idx[0])
-    samples = run.samples
-    return min(at, next((i for i in idx if samples[i].step is None), run.n))
+        return min(at, first)
+    return min(at, run.first_none("step", stepped))

@@ -1,8 +1,11 @@
 """Judging a run of one series' samples: the hot loop of ``Pipeline.process``.
 
 A run is what ``process`` was handed of one series in a row (a backlog: thousands of records of
-one file). Each sample goes through the series state (``SeriesState.ingest``) and then to the
-rules of the series' table (metric -> the rules that judge it) one at a time, in order.
+one file). Each sample goes through the series state and then to the rules of the series' table
+(metric -> the rules that judge it) one at a time, in order; the samples that answer only
+themselves, of metrics no rule observes one by one, go through the series state in one call
+(``SeriesState.ingest_run``: ``ingest`` a sample after the other, a record's later values the
+short way).
 
 Where the run is long enough, each rule is first asked for its plan (``Detector.plan``, over a
 ``RunView`` of the run): the position of the first sample it may answer something for, or
@@ -80,16 +83,19 @@ def judge_run(pl: "Pipeline", labels: Labels, series: SeriesState, table: dict[s
     on_accepted = pl.on_accepted
     rec: tuple[SourcePos | None, int | None] = (None, None)  # the record in hand: line, step
     done = 0  # bits of the once-per-record rules that observed a sample of it
-    ingest = series.ingest
-    for i in range(n):
-        sample = run[i]
+    ingest_run = series.ingest_run
+    i = 0
+    while i < n:
         if i >= next_at:
             release([k for k, b in bulk.items() if b[2] <= i], i)
         attempt = series.attempt
-        accepted_samples = ingest(sample)
-        if accepted_samples.__class__ is tuple and sample.metric in unjudged and on_accepted is None \
-                and series.attempt == attempt:
-            continue  # the common case (``(sample,)``: the value alone) with no rule to observe it
+        # the samples that answer only themselves, of a metric no rule observes one by one, go
+        # through the series state in one call (the common case of a backlog)
+        i, accepted_samples = ingest_run(run, i, next_at if next_at < n else n,
+                                         unjudged if on_accepted is None else _NONE)
+        if accepted_samples is None:
+            continue
+        sample = run[i]
         if series.attempt != attempt:
             if bulk:
                 release(list(bulk), i)
@@ -131,6 +137,7 @@ def judge_run(pl: "Pipeline", labels: Labels, series: SeriesState, table: dict[s
                     pl._signals(rule, signal, accepted.time, out)
         if not own and bulk:  # dropped (a copy): the plans counted it
             release(list(bulk), i)
+        i += 1
     if bulk:
         release(list(bulk), n)
 
@@ -149,6 +156,7 @@ def _plans_for_observe(det: Any) -> bool:
 
 
 _OWNS: dict[type, bool] = {}
+_NONE: frozenset[str] = frozenset()
 
 
 def _live(table: dict[str, "tuple[Entry, ...]"], bulk: dict[int, list[Any]]) -> dict[str, "tuple[Entry, ...]"]:

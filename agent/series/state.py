@@ -47,6 +47,10 @@ _PERSISTED = ("records", "first_step", "last_step", "last_update", "last", "scal
 # producers whose trainers have no loss scaler at all (torchtitan trains in bf16/fp32 through FSDP's
 # mixed precision)
 NO_SCALER_PRODUCERS = frozenset({"torchtitan"})
+# metrics whose values ``ingest`` does more with than keep the last (ingest_run's short way is
+# for the others)
+_VALUE_LOGIC = HINT_METRICS | {LOSS_SCALE, OVERFLOW, SKIPPED_INTERVAL, SKIPPED_CUMULATIVE, NONFINITE_MESSAGE}
+_NO_RECORD = object()
 
 
 @dataclass(slots=True)  # no __dict__: ~1 kB less per followed series
@@ -225,6 +229,65 @@ class SeriesState(OverflowAccounting):
             return (s,)  # the common case: the value itself, nothing the record proved besides
         out.append(s)
         return out
+
+    def ingest_run(self, run: list[Sample], i: int, stop: int,
+                   quiet: frozenset[str] | set[str]) -> tuple[int, list[Sample] | tuple[Sample, ...] | None]:
+        """``ingest`` ``run[i:stop]`` in order, up to the first sample whose answer the pipeline
+        must act on (more than the sample itself, a metric not in ``quiet``, a new attempt).
+        Returns ``(k, accepted)``: ``run[i:k]`` answered only themselves, ``run[k]`` answered
+        ``accepted``; ``(stop, None)`` when all did. This is ``ingest`` a sample after the other:
+        a later value of the record just ingested (the same ``SourcePos`` object, step, time,
+        producer, no attributes, the step in force) leaves the record-level fields as the first
+        left them, so a finite float of a plain metric only counts and becomes the last value,
+        and a scale equal to the last (inside the range seen) only resets what ``_scale`` does;
+        all else goes through ``ingest`` (tests/series/test_ingest_run.py)."""
+        ingest, last, attempt = self.ingest, self.last, self.attempt
+        src: Any = _NO_RECORD  # the record of the last sample ingested in full, where in force
+        step = t = prod = None
+        short = 0  # samples that took the short way since ``records`` was last brought up to date
+        while i < stop:
+            s = run[i]
+            if s.source is src and s.step == step and s.time == t and s.producer == prod and not s.attrs:
+                m, v = s.metric, s.value
+                if m not in _VALUE_LOGIC:
+                    if v.__class__ is float and v - v == 0.0 and (
+                            m != LOSS or self._progress_line == (src.path, src.line)):
+                        short += 1  # ``ingest`` with nothing to do but count and keep the last value
+                        last[m] = v
+                        if m not in quiet:
+                            self.records += short
+                            return i, (s,)
+                        i += 1
+                        continue
+                elif (m == LOSS_SCALE and v.__class__ is float and v == self.scale_last
+                      and self.scale_first is not None and (low := self.scale_min) is not None and low <= v
+                      and (high := self.scale_max) is not None and v <= high):
+                    # ``_scale`` of the scale where it was: no back-off, no growth, nothing to note
+                    short += 1
+                    self.scale_last = last[m] = v
+                    self._overflows_since_scale = 0
+                    self._progress_since_scale = False
+                    if m not in quiet:
+                        self.records += short
+                        return i, [s]
+                    i += 1
+                    continue
+            if short:
+                self.records += short
+                short = 0
+            out = ingest(s)
+            m = s.metric
+            step = s.step
+            if m in HINT_METRICS or s.source is None or (step is not None and step != self._progress_step):
+                src = _NO_RECORD  # (a step other than the progress step: the record part is no no-op)
+            else:
+                src, t, prod = s.source, s.time, s.producer
+            if m not in quiet or self.attempt != attempt or len(out) != 1 or out[0] is not s:
+                return i, out
+            i += 1
+        if short:
+            self.records += short
+        return stop, None
 
     def _behind_step(self, s: Sample, step: int, ps: int) -> int | None:
         """A progress record whose step is below the last one. A new epoch of a per-epoch counter
