@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -169,25 +170,31 @@ def format_report(r: dict[str, Any]) -> str:
     if r["spikes"]:
         lines.append(f"spikes:         {len(r['spikes'])}")
     runs = _runs(r["findings"])
-    lines.append(f"findings:       {len(r['findings'])}" + (f" in {len(runs)} run(s) of one rule" if len(runs) > 1 else ""))
+    lines.append(f"findings:       {len(r['findings'])}"
+                 + (f" (on {len(runs)} line(s): one per rule and fault, with how many records raised it)"
+                    if len(runs) < len(r["findings"]) else ""))
     for f, n, last in runs[:50]:
         step = f" step {f['step']}" if f["step"] is not None else ""
         more = ""
         if n > 1:   # a persisting fault: one line, not one per record (--json keeps each finding)
             where = f"line {last['line']}" + (f", step {last['step']}" if last["step"] is not None else "")
-            more = f" (and {n - 1} more" + (f" through {where})" if last is not f and last["line"] != f["line"] else ")")
+            more = f" (and {n - 1} more" + (f", the last at {where})" if last["line"] != f["line"] else ")")
         lines.append(f"  [{f['severity']}] {f['rule']} line {f['line']}{step}: {f['summary']}{more}")
     if len(runs) > 50:
         lines.append(f"  ... and {len(runs) - 50} more (use --json)")
     return "\n".join(lines)
 
 
+_AT_STEP = re.compile(r" at step -?\d+")
+
+
 def _runs(findings: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int, dict[str, Any]]]:
-    """Consecutive findings of one rule and severity as (first, how many, last)."""
-    out: list[tuple[dict[str, Any], int, dict[str, Any]]] = []
+    """Findings of one rule, severity and summary (its step aside: the same fault on another
+    record) as (first, how many, last), in the order of their first; another metric or device
+    is another summary."""
+    out: dict[tuple[str, str, str], tuple[dict[str, Any], int, dict[str, Any]]] = {}
     for f in findings:
-        if out and (out[-1][0]["rule"], out[-1][0]["severity"]) == (f["rule"], f["severity"]):
-            out[-1] = (out[-1][0], out[-1][1] + 1, f)
-        else:
-            out.append((f, 1, f))
-    return out
+        k = f["rule"], f["severity"], _AT_STEP.sub("", f["summary"] or "")
+        first, n, _last = out.get(k, (f, 0, f))
+        out[k] = (first, n + 1, f)
+    return list(out.values())

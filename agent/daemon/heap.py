@@ -38,9 +38,10 @@ def limit_malloc_arenas(environ: Any = os.environ) -> bool:
     decoded text, samples) leaves memory free in arenas that the idle agent never uses again
     (~1.6 MB of its resident memory in one run at 10,000 files). The daemon's threads allocate
     little at the same time (one worker reads and judges; the others mostly wait). A ``MALLOC_ARENA_MAX``
-    the user set is kept (glibc read it at start); elsewhere than glibc this does nothing. Returns
+    or ``GLIBC_TUNABLES=glibc.malloc.arena_max=N`` the user set is kept (glibc read it at start); elsewhere than glibc this does nothing. Returns
     whether the bound was set. Only effective before the threads allocate (arenas are made once)."""
-    mallopt = None if environ.get("MALLOC_ARENA_MAX") else _libc("mallopt")
+    user = environ.get("MALLOC_ARENA_MAX") or "glibc.malloc.arena_max" in environ.get("GLIBC_TUNABLES", "")
+    mallopt = None if user else _libc("mallopt")
     if mallopt is None:
         return False
     return mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(MALLOC_ARENAS)) == 1

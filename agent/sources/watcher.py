@@ -17,7 +17,6 @@ import logging
 import operator
 import os
 import re
-import threading
 import warnings
 from typing import Callable, Iterator
 
@@ -135,22 +134,26 @@ DIRS_SEEN: dict[str, int] = {}  # watch root -> directories found by its latest 
 
 
 class _Handler(FileSystemEventHandler):
-    """``on_path``: a file changed; ``on_tree``: the tree changed in a way only a walk follows
-    (a directory came, went or moved; a file was deleted: its open descriptor must be read out
-    and let go)."""
+    """``on_path``: a file changed; ``on_tree``: the tree changed in a way only a walk follows (a
+    directory came, went or moved); ``on_gone``: a file was deleted: its open descriptor must be
+    read out and let go."""
 
-    def __init__(self, on_path: Callable[[str], None], on_tree: Callable[[str], None]) -> None:
-        self.on_path, self.on_tree = on_path, on_tree
+    def __init__(self, on_path: Callable[[str], None], on_tree: Callable[[str], None],
+                 on_gone: Callable[[str], None]) -> None:
+        self.on_path, self.on_tree, self.on_gone = on_path, on_tree, on_gone
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        path = os.fsdecode(event.dest_path or event.src_path) if event.event_type == "moved" else os.fsdecode(event.src_path)
+        kind = event.event_type
         if event.is_directory:
-            if event.event_type in ("created", "moved", "deleted"):
-                self.on_tree(path)
-        elif event.event_type == "deleted":
-            self.on_tree(path)
+            if kind in ("created", "moved", "deleted"):
+                self.on_tree(os.fsdecode(event.dest_path or event.src_path) if kind == "moved"
+                             else os.fsdecode(event.src_path))
+        elif kind == "deleted":
+            self.on_gone(os.fsdecode(event.src_path))
+        elif kind == "moved":   # a rename rotation: the follower sees the new file at the name (and counts it)
+            self.on_path(os.fsdecode(event.dest_path))
         else:
-            self.on_path(path)
+            self.on_path(os.fsdecode(event.src_path))
 
 
 class _OverflowLog(logging.Handler):
@@ -186,8 +189,6 @@ class TreeWatcher:
         self._overflow_log = _OverflowLog(self._walk_now)
         self._targets: dict[str, str] = {}
         self._observed: dict[str, ObservedWatch] = {}  # watch path -> the directory given to inotify
-        self._walk_lock = threading.Lock()
-        self._walk_wanted = True  # the next resync must walk the trees (see walk_needed)
         logging.getLogger("watchdog.observers.inotify_c").addHandler(self._overflow_log)
 
     def start(self) -> None:
@@ -200,7 +201,7 @@ class TreeWatcher:
     def schedule_missing(self) -> None:
         """Add observers for watch paths that exist now (a job's log dir may appear later), and
         check that the inotify trees, grown since, still fit under the watch limit."""
-        handler = _Handler(self._path_event, lambda _path: self._walk_now())
+        handler = _Handler(self._path_event, lambda _path: self._walk_now(), self._file_gone)
         alive = self._live_targets()
         for w in self.watches:
             key = str(w.path)
@@ -208,7 +209,7 @@ class TreeWatcher:
                 if self.modes.get(key) != "inotify" or self._targets.get(key) in alive:
                     continue
                 # its inotify watch ended (the watched directory was removed): watch it again once
-                # it is back; until then the resync walks (walk_needed)
+                # it is back; until then the periodic resync's walk finds what it holds
                 self._unschedule(key)
             target = key if os.path.isdir(key) else os.path.dirname(key)
             if not os.path.isdir(target):
@@ -248,25 +249,14 @@ class TreeWatcher:
         return {os.fsdecode(e.watch.path) for e in list(self.observer.emitters) if e.is_alive()}
 
     def _walk_now(self) -> None:
-        """Events were lost or the tree changed shape: the next resync walks, and comes at once."""
-        with self._walk_lock:
-            self._walk_wanted = True
+        """Events were lost or the tree changed shape: a resync (which walks the trees) at once."""
         self.on_overflow()
 
-    def walk_needed(self) -> bool:
-        """Whether the next resync must walk the watched trees and compare every file with what
-        was read, and take that note: yes after an inotify overflow, a directory that came, went or
-        moved, or a deleted file (each also asks for a resync at once), and whenever a watch is not
-        on a live inotify watch (polled, left to the resync by the watch limit, not there yet, or
-        its directory removed). Otherwise inotify has told every change, and the daemon walks only
-        now and then (daemon/worker.py), as a safety net."""
-        with self._walk_lock:
-            wanted, self._walk_wanted = self._walk_wanted, False
-        if wanted:
-            return True
-        alive = self._live_targets()
-        return not all(self.modes.get(str(w.path)) == "inotify" and self._targets.get(str(w.path)) in alive
-                       for w in self.watches)
+    def _file_gone(self, path: str) -> None:
+        """A followed file was deleted: its open descriptor must be read out and let go, which a
+        walk does; other files' deletes (checkpoints, temp files) ask nothing."""
+        if watch_for(self.watches, path) is not None:
+            self._walk_now()
 
     def _polled(self, w: Watch, target: str) -> bool:
         if w.poll is True or w.poll is False:

@@ -5,6 +5,7 @@ the planted step, the healthy ones page nothing."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -93,7 +94,8 @@ def test_a_file_with_no_mapped_name_is_said_with_its_names_and_exits_2(tmp_path,
 
 def test_a_persisting_fault_is_one_line_of_the_text_report_and_every_finding_in_json():
     """A NaN that stays for the rest of the run is one finding per record (``--json`` keeps each)
-    but one line of the readable report: the first, with how many more and where they end."""
+    but one line of the readable report per rule and fault: the first, with how many more and
+    where the last one is."""
     path = csv_file("lightning_nan")
     doc = replay_json(path)
     pages = [f for f in doc["findings"] if f["severity"] == "page"]
@@ -101,7 +103,11 @@ def test_a_persisting_fault_is_one_line_of_the_text_report_and_every_finding_in_
     out = subprocess.run([sys.executable, "-m", "precision_agent", "replay", str(path)],
                          capture_output=True, text=True, timeout=120).stdout
     shown = [ln for ln in out.splitlines() if ln.lstrip().startswith("[page]")]
-    last = pages[-1]
-    assert len(shown) == 1, out
-    assert f"line {pages[0]['line']}" in shown[0]
-    assert f"and {len(pages) - 1} more through line {last['line']}, step {last['step']}" in shown[0], out
+    faults = {}   # one line per fault (the summary, its step aside), in the order of the first
+    for f in pages:
+        faults.setdefault(re.sub(r" at step \d+", "", f["summary"]), []).append(f)
+    assert len(shown) == len(faults) < len(pages), out
+    for line, same in zip(shown, faults.values()):
+        first, last = same[0], same[-1]
+        assert f"line {first['line']} step {first['step']}: {first['summary']}" in line
+        assert f"and {len(same) - 1} more, the last at line {last['line']}, step {last['step']}" in line, out

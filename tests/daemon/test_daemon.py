@@ -29,6 +29,8 @@ def test_alert_fires_survives_restart_without_refiring_or_losing_lines(dirs):
                                       alertstate="firing", severity="page"), what="LossScaleAtFloor firing")
         (alert,) = [a for a in agent.alerts() if a["alertname"] == "LossScaleAtFloor"]
         assert alert["evidence"]["step"] == 51 and alert["evidence"]["source"]["line"] == 51
+        # the page is on the API before the rest of its pass is read (worker.py): stop after line 55
+        wait_for(lambda: agent.metric("precision_agent_log_lines_read_total") == 55, what="lines 52-55 read")
         assert agent.stop() == 0  # SIGTERM: clean exit, state saved
         assert "stopped; state saved" in agent.stderr()
     finally:

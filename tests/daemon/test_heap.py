@@ -52,6 +52,7 @@ def test_daemon_bounds_malloc_arenas() -> None:
 
 def test_a_users_malloc_arena_max_is_kept() -> None:
     assert limit_malloc_arenas({"MALLOC_ARENA_MAX": "8"}) is False
+    assert limit_malloc_arenas({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0:glibc.malloc.arena_max=8"}) is False
 
 
 RSS = r"""
