@@ -186,8 +186,7 @@ class TreeWatcher:
         self._inotify_dirs: dict[str, int] = {}  # inotify watch path -> directories it needs
         self._over_limit_reported = False
         self._started = False
-        self._overflow_log = _OverflowLog(self._walk_now)
-        self._targets: dict[str, str] = {}
+        self._overflow_log = _OverflowLog(on_overflow)
         self._observed: dict[str, ObservedWatch] = {}  # watch path -> the directory given to inotify
         logging.getLogger("watchdog.observers.inotify_c").addHandler(self._overflow_log)
 
@@ -201,12 +200,13 @@ class TreeWatcher:
     def schedule_missing(self) -> None:
         """Add observers for watch paths that exist now (a job's log dir may appear later), and
         check that the inotify trees, grown since, still fit under the watch limit."""
-        handler = _Handler(self._path_event, lambda _path: self._walk_now(), self._file_gone)
+        handler = _Handler(self._path_event, lambda _path: self.on_overflow(), self._file_gone)
         alive = self._live_targets()
         for w in self.watches:
             key = str(w.path)
             if key in self.scheduled:
-                if self.modes.get(key) != "inotify" or self._targets.get(key) in alive:
+                observed = self._observed.get(key)   # set with mode "inotify"
+                if observed is None or os.fsdecode(observed.path) in alive:
                     continue
                 # its inotify watch ended (the watched directory was removed): watch it again once
                 # it is back; until then the periodic resync's walk finds what it holds
@@ -223,7 +223,6 @@ class TreeWatcher:
                 elif self._fits(key, target, recursive):
                     self._observed[key] = self.observer.schedule(handler, target, recursive=recursive,
                                                                  event_filter=EVENT_FILTER)
-                    self._targets[key] = target
                     self.modes[key] = "inotify"
                 else:
                     self.modes[key] = "resync"
@@ -235,7 +234,6 @@ class TreeWatcher:
     def _unschedule(self, key: str) -> None:
         self.scheduled.discard(key)
         self.modes.pop(key, None)
-        self._targets.pop(key, None)
         self._inotify_dirs.pop(key, None)
         observed = self._observed.pop(key, None)
         if observed is not None:
@@ -248,15 +246,11 @@ class TreeWatcher:
         """The directories whose inotify watch is still running."""
         return {os.fsdecode(e.watch.path) for e in list(self.observer.emitters) if e.is_alive()}
 
-    def _walk_now(self) -> None:
-        """Events were lost or the tree changed shape: a resync (which walks the trees) at once."""
-        self.on_overflow()
-
     def _file_gone(self, path: str) -> None:
         """A followed file was deleted: its open descriptor must be read out and let go, which a
         walk does; other files' deletes (checkpoints, temp files) ask nothing."""
         if watch_for(self.watches, path) is not None:
-            self._walk_now()
+            self.on_overflow()   # a resync at once: its walk reads the file out and lets it go
 
     def _polled(self, w: Watch, target: str) -> bool:
         if w.poll is True or w.poll is False:
