@@ -37,9 +37,10 @@ def limit_malloc_arenas(environ: Any = os.environ) -> bool:
     into it for reuse by that thread alone. The worker's first pass over 10,000 files (1 MiB reads,
     decoded text, samples) leaves memory free in arenas that the idle agent never uses again
     (~1.6 MB of its resident memory in one run at 10,000 files). The daemon's threads allocate
-    little at the same time (one worker reads and judges; the others mostly wait). A ``MALLOC_ARENA_MAX``
-    or ``GLIBC_TUNABLES=glibc.malloc.arena_max=N`` the user set is kept (glibc read it at start); elsewhere than glibc this does nothing. Returns
-    whether the bound was set. Only effective before the threads allocate (arenas are made once)."""
+    little at the same time (one worker reads and judges; the others mostly wait). A
+    ``MALLOC_ARENA_MAX`` or ``GLIBC_TUNABLES=glibc.malloc.arena_max=N`` the user set is kept (glibc
+    read it at start); elsewhere than glibc this does nothing. Returns whether the bound was set.
+    Only effective before the threads allocate (arenas are made once)."""
     user = environ.get("MALLOC_ARENA_MAX") or "glibc.malloc.arena_max" in environ.get("GLIBC_TUNABLES", "")
     mallopt = None if user else _libc("mallopt")
     if mallopt is None:
