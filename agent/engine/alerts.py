@@ -72,7 +72,9 @@ class AlertBook:
         return a, onset
 
     def clear(self, rule: Rule, labels: Labels, now: float) -> None:
-        fp = self._open.get(rule.name, {}).get(labels)  # = fingerprint(rule.name, labels) of an open alert
+        # = fingerprint(rule.name, identity(labels)) of an open alert; a rule or series carrying
+        # its own ``suspect`` label is indexed without it, as ``hit`` keys it
+        fp = self._open.get(rule.name, {}).get(identity(labels))
         a = self.alerts.get(fp) if fp is not None else None
         if a is None or a.state == AlertState.RESOLVED:
             return

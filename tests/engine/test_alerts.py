@@ -145,3 +145,24 @@ def test_a_restored_alert_is_cleared(tmp_path):
     q.alerts.load([alert])
     q.process([verdict("/logs/a.log", 0.0, 102.0)])
     assert states(q) == {"Unrecognized": AlertState.RESOLVED}
+
+
+def test_a_rule_with_its_own_suspect_label_clears(tmp_path):
+    """A rule that sets ``suspect`` itself is not judged; its alert is still one alert whose
+    condition clears: the open-alert index is keyed by identity labels, and so is the clear."""
+    (tmp_path / "r.yml").write_text(textwrap.dedent("""
+        groups:
+          - name: t
+            rules:
+              - alert: Floor
+                kind: loss_scale
+                params: {floor: 1}
+                labels: {severity: page, suspect: numerics}
+        """))
+    p = Pipeline(load_rules([tmp_path]))
+    p.process([sample(LOSS_SCALE, 2.0, 99.0, 0), sample(LOSS_SCALE, 1.0, 100.0)])
+    (alert,) = p.alerts.alerts.values()
+    assert alert.state == AlertState.FIRING and dict(alert.labels)["suspect"] == "numerics"
+    p.process([sample(LOSS_SCALE, 1024.0, 101.0, 2)])
+    p.tick(200.0)
+    assert states(p) == {"Floor": AlertState.RESOLVED}
