@@ -15,7 +15,7 @@ ERROR_KINDS = ("config", "rule_file", "read", "parse", "state", "watch", "scan",
                "internal")
 COUNTERS = ("log_lines_read", "log_bytes_read", "log_records_parsed", "log_lines_truncated",
             "metric_records_skipped",
-            "log_rotations", "log_truncations", "dump_files_scanned", "watch_events", "resyncs", "resync_walks",
+            "log_rotations", "log_truncations", "dump_files_scanned", "watch_events", "resyncs",
             "queue_overflows", "symlinks_skipped", "dump_unreadable_io", "dump_unreadable_truncated",
             "dump_unreadable_limit", "dump_unreadable_invalid", "rule_reloads_success", "rule_reloads_failure", "config_reloads_success",
             "config_reloads_failure")

@@ -130,9 +130,8 @@ class AgentCollector(Collector):
                             ("dump_files_scanned", "Tensor-dump files read by scans (an unchanged file is not "
                              "read again)."),
                             ("watch_events", "File-system events received."),
-                            ("resyncs", "Periodic reconciliation passes over the watched trees."),
-                            ("resync_walks", "Resyncs that walked the watched trees and compared every file "
-                             "with what was read (while inotify is healthy, one periodic resync in 4)."),
+                            ("resyncs", "Reconciliation passes: each walks the watched trees and compares every file with "
+                             "what was read (periodic, and at once after a queue overflow or a lost watch)."),
                             ("queue_overflows", "Times the change queue was full and a resync was forced."),
                             ("symlinks_skipped", "Symlinks in watched trees not followed: their target is "
                              "outside the watched roots (follow_symlinks: true on the watch allows it).")):

@@ -168,7 +168,6 @@ class Worker:
         # only) missed a root created after start (watched through its parent, not recursively), a
         # root replaced by a rename, subdirectories past the inotify limit and network mounts below
         # a local root for minutes. A walk of 10,000 files costs ~0.1 s of CPU.
-        self.health.inc("resync_walks")
         # a dump file: due() scans it only if it changed since its last scan
         return self.follower.resync(lambda f: self.dumps.touched(f, 0.0))
 

@@ -61,8 +61,8 @@ def test_junk_files_are_counted_once_and_not_logged_again_on_rescans(tmp_path, m
         lines = _scan_error_lines(agent)
         assert 0 < len(lines) <= 40, len(lines)    # at most 10 lines per cause, the rest summed up
         assert "not logged one by one" in agent.stderr()
-        resyncs = agent.metric("precision_agent_resync_walks_total")
-        wait_for(lambda: agent.metric("precision_agent_resync_walks_total") >= resyncs + 2, timeout=300,
+        resyncs = agent.metric("precision_agent_resyncs_total")
+        wait_for(lambda: agent.metric("precision_agent_resyncs_total") >= resyncs + 2, timeout=300,
                  what="two rescan intervals")
         assert _scan_error_lines(agent) == lines   # nothing repeated
         assert agent.metric("precision_agent_errors_total", kind="scan") == JUNK
@@ -71,8 +71,8 @@ def test_junk_files_are_counted_once_and_not_logged_again_on_rescans(tmp_path, m
         _write(dumps / "good.npy")
         wait_for(lambda: agent.metric("precision_agent_dump_files_scanned_total") >= JUNK + 2, timeout=600,
                  interval=0.5, what="the two new files scanned")
-        resyncs = agent.metric("precision_agent_resync_walks_total")
-        wait_for(lambda: agent.metric("precision_agent_resync_walks_total") >= resyncs + 2, timeout=300,
+        resyncs = agent.metric("precision_agent_resyncs_total")
+        wait_for(lambda: agent.metric("precision_agent_resyncs_total") >= resyncs + 2, timeout=300,
                  what="two more rescan intervals")
         assert agent.metric("precision_agent_dump_files_scanned_total") == JUNK + 2
         assert agent.metric("precision_agent_errors_total", kind="scan") == JUNK + 1
@@ -106,8 +106,8 @@ def test_a_flat_dump_root_is_read_once_per_file_and_names_each_tensor_once(tmp_p
         wait_for(lambda: "x.npy" in _paged_ops(agent), timeout=60, what="the sub-folder's NaN paged")
         wait_for(lambda: agent.metric("precision_agent_dump_files_scanned_total") >= 8, timeout=60,
                  what="all files scanned")
-        resyncs = agent.metric("precision_agent_resync_walks_total")
-        wait_for(lambda: agent.metric("precision_agent_resync_walks_total") >= resyncs + 2, timeout=60,
+        resyncs = agent.metric("precision_agent_resyncs_total")
+        wait_for(lambda: agent.metric("precision_agent_resyncs_total") >= resyncs + 2, timeout=60,
                  what="two rescan intervals")
         assert agent.metric("precision_agent_dump_files_scanned_total") == 8
         ops = _paged_ops(agent)
