@@ -188,6 +188,7 @@ class TreeWatcher:
         self._started = False
         self._overflow_log = _OverflowLog(on_overflow)
         self._observed: dict[str, ObservedWatch] = {}  # watch path -> the directory given to inotify
+        self._ids: dict[str, tuple[int, int] | None] = {}  # watch path -> (device, inode) of that directory
         logging.getLogger("watchdog.observers.inotify_c").addHandler(self._overflow_log)
 
     def start(self) -> None:
@@ -206,10 +207,13 @@ class TreeWatcher:
             key = str(w.path)
             if key in self.scheduled:
                 observed = self._observed.get(key)   # set with mode "inotify"
-                if observed is None or os.fsdecode(observed.path) in alive:
+                if observed is None or (os.fsdecode(observed.path) in alive
+                                        and _identity(os.fsdecode(observed.path)) == self._ids.get(key)):
                     continue
-                # its inotify watch ended (the watched directory was removed): watch it again once
-                # it is back; until then the periodic resync's walk finds what it holds
+                # its inotify watch ended (the watched directory was removed), or the path names
+                # another directory now (the old one renamed away: inotify follows its inode):
+                # watch it again once it is back; until then the periodic resync's walk finds
+                # what it holds
                 self._unschedule(key)
             target = key if os.path.isdir(key) else os.path.dirname(key)
             if not os.path.isdir(target):
@@ -221,6 +225,7 @@ class TreeWatcher:
                                                            event_filter=EVENT_FILTER)
                     self.modes[key] = "poll"
                 elif self._fits(key, target, recursive):
+                    self._ids[key] = _identity(target)
                     self._observed[key] = self.observer.schedule(handler, target, recursive=recursive,
                                                                  event_filter=EVENT_FILTER)
                     self.modes[key] = "inotify"
@@ -235,6 +240,7 @@ class TreeWatcher:
         self.scheduled.discard(key)
         self.modes.pop(key, None)
         self._inotify_dirs.pop(key, None)
+        self._ids.pop(key, None)
         observed = self._observed.pop(key, None)
         if observed is not None:
             try:
@@ -317,6 +323,14 @@ class TreeWatcher:
                 obs.join(timeout=5)
             except RuntimeError:
                 pass
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _suggest(needed: int) -> int:

@@ -79,6 +79,23 @@ def test_a_removed_and_recreated_root_is_watched_again(tmp_path):
         w.stop()
 
 
+def test_a_root_replaced_by_a_rename_is_watched_again(tmp_path):
+    """inotify follows the renamed directory's inode; the path now names a new directory whose
+    writes it would never tell: the next resync watches the new one."""
+    root = tmp_path / "logs"
+    root.mkdir()
+    w, paths, _ = _watcher(root)
+    try:
+        root.rename(tmp_path / "logs.old")
+        root.mkdir()
+        w.schedule_missing()            # (every resync)
+        assert w.modes[str(root)] == "inotify"
+        (root / "b.log").write_text("line\n")
+        wait_for(lambda: str(root / "b.log") in paths, what="events from the new directory")
+    finally:
+        w.stop()
+
+
 def _agent(tmp_path, **kw):
     logs = tmp_path / "logs"
     logs.mkdir()
