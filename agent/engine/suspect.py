@@ -159,14 +159,21 @@ def _single_rank(f: Finding, series: Mapping[Labels, SeriesState]) -> dict[str, 
     if f.kind != "nonfinite" or rank is None or step is None or metric is None:
         return None
     run = run_labels(f.labels)
-    finite, bad = [], []
+    finite, bad, ranks, since = [], [], [], 0.0
     for key, st in list(series.items())[-4096:]:
         other = dict(key).get("rank")
-        if other is None or other == rank or run_labels(key) != run or metric not in st.last:
+        if other is None or run_labels(key) != run:
             continue
+        if other == rank:
+            since = max(since, st.attempt_since)
+        elif metric in st.last:
+            ranks.append((other, st))
+    for other, st in ranks:
+        if st.last_update < since:
+            continue  # last read before this rank's attempt began: a previous attempt's rank
         if st.nonfinite.get(metric, 0) and (st.first_nonfinite_step is None or st.first_nonfinite_step <= step):
             bad.append(other)
-        elif st.last_step is not None and st.last_step >= step and not st.nonfinite.get(metric, 0) \
+        elif (reached := st.attempt_step) is not None and reached >= step and not st.nonfinite.get(metric, 0) \
                 and math.isfinite(st.last[metric]):
             finite.append(other)
     if not finite:

@@ -156,6 +156,24 @@ def test_grad_norm_nonfinite_on_one_rank_while_the_others_are_finite_at_that_ste
                       "nonfinite_ranks": [], "decides": True}
 
 
+def test_a_previous_attempts_ranks_are_not_this_attempts_witnesses():
+    """An elastic restart with fewer ranks: ranks 2 and 3 of the first attempt reached step 40 and
+    were never read again; in the second attempt (from step 20) rank 1's grad norm is NaN at step
+    31 before rank 0 reports it. The stale ranks' finite values say nothing about step 31 now."""
+    p = pipeline()
+    bf16_ranks(p, {"0": 40, "1": 40, "2": 40, "3": 40})
+    for r in ("0", "1"):
+        healthy(p, range(20, 31), T0 + 200, r)        # steps back: a new attempt
+    p.process([value(GRAD_NORM, math.nan, 31, T0 + 240, "1", 31)])
+    (alert,) = nonfinite_alerts(p)
+    assert dict(alert.labels)["suspect"] == "unknown"
+    assert "single_rank" not in alert.finding["evidence"]["suspect_evidence"]
+    p.process([value(GRAD_NORM, 1.0, 31, T0 + 241, "0", 31), value(GRAD_NORM, 1.0, 32, T0 + 242, "0", 32),
+               value(GRAD_NORM, math.nan, 32, T0 + 243, "1", 32)])
+    ev = alert.finding["evidence"]["suspect_evidence"]
+    assert ev["single_rank"]["finite_ranks"] == ["0"]   # this attempt's rank is a witness
+
+
 def test_single_rank_evidence_that_arrives_later_is_shown_but_the_label_stays():
     p = pipeline()
     bf16_ranks(p, {"0": 20, "1": 20, "2": 20})
