@@ -291,13 +291,17 @@ def command_of(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     limit_native_pools()   # before anything imports numpy: no command needs BLAS's or OpenMP's threads
-    argv = sys.argv[1:] if argv is None else argv
+    entry, argv = argv is None, sys.argv[1:] if argv is None else argv   # entry: the process's own
     parser = build_parser(command_of(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_CONFIG
-    return run_command(args.func, args)
+    status = run_command(args.func, args)
+    if entry and getattr(args, "exit_at_once", False):
+        from .tools import exit_at_once
+        return exit_at_once(status)
+    return status
 
 
 if __name__ == "__main__":

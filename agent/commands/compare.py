@@ -14,10 +14,16 @@ import json
 import os
 import sys
 
-from ..model import json_safe
+from ..model import gc_paused, json_safe
 from ..compare.verdict import PRESETS
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
+# Past a few threads a compare gains nothing and pays for each one: the pairs' Python (reading the
+# .pt's zip and pickle, the verdict) holds the GIL for about half of a small tensor's compare, and
+# large tensors are bound by memory bandwidth, as scan's are. On the 16-core host 16 threads were
+# no faster than 1 on the msprobe bench (0.297 vs 0.281 s), and each thread beyond the free cores
+# costs CPU (bench/README, compare_msprobe).
+MAX_DEFAULT_JOBS = 8
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -43,21 +49,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--fusion-report", action="append", metavar="FILE",
                    help="fusion_result.json (default: the newest fusion_result*.json in the tree of the graph)")
     c.add_argument("--jobs", type=_jobs, default=None, metavar="N",
-                   help="pairs compared at once (default: the CPUs this process may use; 1: one thread); "
-                        "the results are the same for any N")
+                   help=f"pairs compared at once (default: the CPUs this process may use, at most {MAX_DEFAULT_JOBS}; "
+                        "1: one thread); the results are the same for any N")
     c.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
-    c.set_defaults(func=run)
+    c.set_defaults(func=run, exit_at_once=True)   # cli.main: no interpreter teardown after the report
 
 
 def run(args: argparse.Namespace) -> int:
     # numpy is first imported below, after cli.main bounded BLAS's threads (kernels/pools.py): the
     # compare's dots stay under OpenBLAS's threading size (blocks.py), so its pool would only cost
     # start-up and spinning (~60 ms of a 0.35 s compare of a 90 MB dump pair)
-    from .tools import progress_bar   # the one scan uses
-    from ..compare.engine import compare_sides
-    from ..compare.pairing import read_side
-    from ..compare.report import format_text, to_json, write_csv
+    with gc_paused():   # numpy's import and ours: objects, no garbage, yet ~30 collections of a growing heap
+        from .tools import progress_bar   # the one scan uses
+        from ..compare.engine import compare_sides
+        from ..compare.pairing import read_side
+        from ..compare.report import format_text, to_json, write_csv
     try:
         bench, target = read_side(args.bench), read_side(args.target)
     except FileNotFoundError as exc:
@@ -72,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     fusion = context_for(args.graph, args.fusion_report, [args.target, args.bench])
     res = compare_sides(target, bench, preset=args.preset, rerun=args.rerun, step=args.step, rank=args.rank,
                         progress=progress_bar(args.progress, verb="comparing", items="pairs"), fusion=fusion,
-                        jobs=args.jobs or usable_cpus())
+                        jobs=args.jobs or default_jobs())
     res.target.errors += [("fusion", e) for e in fusion.errors]
     for w in fusion.warnings:   # a bounded search cut short: a note, not an unreadable file
         print(f"precision-agent: note: {w}", file=sys.stderr)
@@ -103,6 +110,11 @@ def _jobs(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return n
+
+
+def default_jobs() -> int:
+    """``--jobs`` unless given: the CPUs this process may use, at most :data:`MAX_DEFAULT_JOBS`."""
+    return min(MAX_DEFAULT_JOBS, usable_cpus())
 
 
 def usable_cpus() -> int:

@@ -80,6 +80,22 @@ def run_quietly_on_closed_pipe(func, *args: Any) -> int:
         return EXIT_PIPE
 
 
+def exit_at_once(status: int) -> int:
+    """End a finished one-shot command's process now, with ``status``: its output flushed, and
+    the interpreter's teardown (clearing every module, numpy's included, and the collections it
+    runs: ~40 ms of a 0.3 s ``compare``) skipped, as nothing is left to release that the kernel
+    does not release. Only for the process's own entry (never for a caller of ``main(argv)``),
+    after the command's threads are joined; no atexit hook of the agent's runs in a one-shot
+    command. When a flush fails, returns ``status`` and the interpreter ends as before (it
+    reports the failure)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        return status
+    os._exit(status)
+
+
 def _to_devnull(stream: Any) -> None:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -83,11 +83,13 @@ def _msprobe_order(rank_dir: Path) -> tuple:
 
 
 def _outside(files: list[Path], roots: set[Path]) -> list[Path]:
-    """The files under none of ``roots``; absolute paths (a walk of an absolute root) by their
-    text, which a Path keeps normalised: a Path per parent of every file cost more than reading
-    the rest of an msprobe tree's description."""
-    if all(r.is_absolute() and r != r.parent for r in roots) and all(f.is_absolute() for f in files):
-        prefixes = tuple(str(r) + os.sep for r in roots)     # "/a/rank0/"
+    """The files under none of ``roots``, by their text, which a Path keeps normalised (a Path
+    per parent of every file cost more than reading the rest of an msprobe tree's description):
+    when all are absolute (a walk of an absolute root) or all relative (``compare bench/ run/``),
+    and no root is "/" or "." (whose text is no prefix of the files under it)."""
+    anchored = {r.is_absolute() for r in roots} | {f.is_absolute() for f in files}
+    if len(anchored) == 1 and all(r != r.parent for r in roots):
+        prefixes = tuple(str(r) + os.sep for r in roots)     # "/a/rank0/", "a/rank0/"
         return [f for f in files if not str(f).startswith(prefixes)]
     return [f for f in files if not any(p in roots for p in f.parents)]
 
