@@ -35,9 +35,16 @@ _INTERNED: dict[Labels, Labels] = {}  # equal label sets of different files shar
 _INTERNED_MAX = 1 << 16
 
 
+_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}  # and equal pairs of unequal sets: ("run", "x") of every rank
+
+
 def _intern(labels: Labels) -> Labels:
     if len(_INTERNED) >= _INTERNED_MAX:
         _INTERNED.clear()  # tuples already handed out stay valid; only sharing restarts
+        _PAIRS.clear()
+    if (known := _INTERNED.get(labels)) is not None:
+        return known
+    labels = tuple(_PAIRS.setdefault(kv, kv) for kv in labels)
     return _INTERNED.setdefault(labels, labels)
 
 
