@@ -63,11 +63,11 @@ class LogStream:
     producer for the copy filter. Parser instances are shared between files.
 
     A closed stream (an idle file past ``limits.max_open_files``, see ``close``) keeps less: its
-    tailer's position instead of the tailer, the parser's counts as a tuple, the copy filter's
+    tailer's position instead of the tailer, the parser as a tuple of its counts, the copy filter's
     one producer as a tuple, only the records a later copy could still be compared with. The next
     ``poll`` (or ``tailer``) makes each again, equal to what was there."""
 
-    __slots__ = ("path", "base_labels", "parser", "_tailer", "_opts", "stats", "_labels_cache", "_last",
+    __slots__ = ("path", "base_labels", "_parser", "_tailer", "_opts", "stats", "_labels_cache", "_last",
                  "_no_copies", "_generation", "_unparsed")
 
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, fmt: str = "auto",
@@ -76,7 +76,7 @@ class LogStream:
                  check_open: Callable[[str, int], None] | None = None) -> None:
         self.path = path
         self.base_labels = _intern(make_labels(labels))
-        self.parser = CompositeParser(fmt, pattern)  # raises UnknownFormat for a bad override
+        self._parser: CompositeParser | tuple[object, ...] = CompositeParser(fmt, pattern)  # UnknownFormat
         self._opts = _options(max_line_bytes, chunk_bytes, check_open)
         self._tailer: LogTailer | TailPosition = LogTailer(
             path, position, start_at_end=start_at_end, max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes,
@@ -88,13 +88,21 @@ class LogStream:
         # hash, not the text, so that ten thousand idle files do not each hold their last record;
         # closed at rest with one producer: (producer, hash, line, log time) (see close)
         self._last: dict[str, tuple[int, int, float | None]] | tuple = {}
-        self._no_copies = self.parser.no_copies
+        self._no_copies = self._parser.no_copies
         self._generation: tuple[int, int] | None = None
         self._unparsed: list[str] | None = None  # the last lines of blocks without a record (yields.py)
 
     @property
     def format(self) -> str | None:
-        return self.parser.format
+        p = self._parser
+        return p.format if type(p) is CompositeParser else CompositeParser.format_of(p[2:])  # type: ignore[index]
+
+    @property
+    def parser(self) -> CompositeParser:
+        p = self._parser
+        if type(p) is not CompositeParser:  # at rest (see close)
+            p = self._parser = CompositeParser.revived(p)  # type: ignore[arg-type]
+        return p  # type: ignore[return-value]
 
     @property
     def position(self) -> TailPosition | None:
@@ -138,7 +146,8 @@ class LogStream:
     def close(self) -> None:
         """Release the descriptor and keep less while the file idles (see the class); a later
         ``poll`` opens the file again where it was read to."""
-        self.parser.compact()
+        if type(p := self._parser) is CompositeParser:
+            self._parser = p.rest() or p
         t = self._tailer
         if type(t) is not LogTailer:
             return
@@ -194,7 +203,7 @@ class LogStream:
         t = _time.time() if now is None else now
         path, no_copies, base, last, new = self.path, self._no_copies, self.base_labels, self._last, object.__new__
         labels_of = self._labels_cache
-        draft = SourcePosDraft
+        draft, parser = SourcePosDraft, self.parser
         stats = self.stats
         for tb in blocks:
             if tb.generation != self._generation:  # rotation/truncation: line numbers restart
@@ -205,8 +214,8 @@ class LogStream:
             stats.truncated_lines += tb.truncated_lines
             # ANSI colour codes never contain a newline, so stripping keeps line numbers exact
             block = Block(strip_ansi(tb.text), tb.first_line)
-            records = self.parser.parse(block)
-            n_records = len(records) - self.parser.hint_records
+            records = parser.parse(block)
+            n_records = len(records) - parser.hint_records
             stats.records += n_records
             if n_records:
                 self._unparsed = None

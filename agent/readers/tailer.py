@@ -28,6 +28,7 @@ from .tailtypes import TailEvent, TailPosition, TextBlock
 
 __all__ = ["LogTailer", "TailEvent", "TailPosition", "TextBlock"]
 _NO_BUF = b""  # the buffer of a tailer without a descriptor (see close)
+_DEVS: dict[int, int] = {}  # one st_dev object for every file of a file system (10,000 positions hold it)
 
 
 def _decode(raw: bytes) -> str:
@@ -258,7 +259,7 @@ class LogTailer:
         fd = self._open_checked(self.path)
         try:
             fst = os.fstat(fd)
-            gen = (fst.st_dev, fst.st_ino)
+            gen = (_DEVS.setdefault(fst.st_dev, fst.st_dev) if len(_DEVS) < 64 else fst.st_dev, fst.st_ino)
             offset = line = 0
             if pos is not None and gen == (pos.dev, pos.ino):
                 if fst.st_size >= pos.offset:

@@ -94,6 +94,7 @@ def test_idle_files_past_the_descriptor_budget_read_on_and_resume_after_a_restar
     assert len([x for x in got if x.metric == LOSS]) == 16
     resting = [p for p in map(str, paths) if not f.streams[p].is_open]
     assert len(resting) >= 4 and not any(holds_a_tailer(f.streams[p]) for p in resting)  # compacted
+    assert all(f.streams[p].format == "megatron" and f.streams[p].stats.records == 2 for p in resting)
     for p in paths:
         with p.open("a") as out:
             out.write(megatron(2) + megatron(3))  # a copy of the last record, then a new one

@@ -101,6 +101,23 @@ class CompositeParser:
         if type(self.counts) is dict:
             self.counts = tuple(x for kv in self.counts.items() for x in kv)
 
+    def rest(self) -> tuple[object, ...] | None:
+        """This parser packed for an idle file: ``(parsers, fixed, name, n, ...)``, which
+        ``revived`` makes a parser again and ``format_of`` reads; None (and compacted) while it
+        holds per-file parser context or errors."""
+        self.compact()
+        if self._own is not None or self._errors:
+            return None
+        return (self.parsers, self.fixed, *self.counts)
+
+    @classmethod
+    def revived(cls, rest: tuple[object, ...]) -> CompositeParser:
+        p = cls.__new__(cls)
+        p.parsers, p.fixed, p.counts = rest[0], rest[1], rest[2:]  # type: ignore[assignment]
+        p._errors = p._own = None
+        p.hint_records = 0
+        return p
+
     def _counts(self) -> dict[str, int]:
         """The counts as a dict (after ``compact``: a new one, kept)."""
         counts = self.counts
@@ -110,10 +127,14 @@ class CompositeParser:
 
     @property
     def format(self) -> str | None:
+        return self.format_of(self.counts)  # (read once: another thread may ask while the reader compacts)
+
+    @staticmethod
+    def format_of(counts: dict[str, int] | tuple[object, ...]) -> str | None:
+        """The format the counts name (a dict, or compacted: ``name, n, ...``)."""
         # a generic fallback (user prints, JSON lines) names the format only when no specific
         # producer matched: DeepSpeed's messages make a DeepSpeed log even among many user prints
-        counts = self.counts  # (read once: another thread may ask while the reader compacts)
-        items = counts.items() if type(counts) is dict else zip(counts[::2], counts[1::2])
+        items = counts.items() if type(counts) is dict else zip(counts[::2], counts[1::2])  # type: ignore[union-attr]
         best = max(items, key=lambda kv: (kv[1] > 0 and kv[0] not in _FALLBACKS, kv[1]),
                    default=(None, 0))
         return best[0] if best[1] > 0 else None
