@@ -79,7 +79,7 @@ class LogTailer:
         self._last_error: str | None = None
         self._check = check_open
         self._skip: tuple[tuple[int, int], int, int, bool] | None = None  # a partial line at close()
-        self.consumed_bytes = 0  # bytes read so far, as lines or as the cut part of a line: progress
+        self.consumed_bytes = 0  # bytes read by this object, as lines or as the cut part of a line: progress
         if lazy:
             return
         try:
