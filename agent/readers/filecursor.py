@@ -230,6 +230,10 @@ class MetricFileStream:
     def position(self) -> TailPosition | None:
         return self.tailer.position
 
+    @property
+    def is_open(self) -> bool:
+        return self.tailer.is_open
+
     def poll(self, budget_bytes: int = 16 << 20, now: float | None = None) -> list[Sample]:
         return self._read(budget_bytes, now, final=False)
 

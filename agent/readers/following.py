@@ -91,7 +91,7 @@ class Follower:
                     # gone: the open descriptor still holds the rest; read it to its end (a budget
                     # per pass, like any file) and only then forget the file (in read)
                     self._gone.add(path)
-                    if stream.tailer.is_open:  # it still counts against max_open_files
+                    if stream.is_open:  # it still counts against max_open_files
                         self._open_lru.pop(path, None)
                         self._gone_open[path] = None
                     changed.append(path)
@@ -100,7 +100,7 @@ class Follower:
             if pos is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino) and st.st_size == pos.offset:
                 self.unread.pop(path, None)
                 continue  # unchanged since we read it: no need to open it again
-            if stream is None or not stream.tailer.is_open:  # (an open one is measured as it is read)
+            if stream is None or not stream.is_open:  # (an open one is measured as it is read)
                 same = pos is not None and (st.st_dev, st.st_ino) == (pos.dev, pos.ino)
                 self._set_unread(path, st.st_size - (pos.offset if same else 0))
             changed.append(path)
@@ -272,7 +272,7 @@ class Follower:
         lru = self._open_lru
         stream = self.streams.get(just_read)
         lru.pop(just_read, None)
-        if stream is not None and stream.tailer.is_open:
+        if stream is not None and stream.is_open:
             if just_read not in self._gone:
                 lru[just_read] = None  # most recently read last
         else:
@@ -280,7 +280,7 @@ class Follower:
         while lru and self._over_budget():
             path, _ = lru.popitem(last=False)
             if (closing := self.streams.get(path)) is not None:
-                closing.tailer.close()
+                closing.close()  # (a text log keeps less while it idles: logstream.py)
                 if (pos := closing.position) is not None and pos == self.offsets.get(path):
                     self.offsets[path] = pos  # an idle file holds one position object, not two equal ones
 

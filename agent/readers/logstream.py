@@ -35,18 +35,39 @@ _INTERNED: dict[Labels, Labels] = {}  # equal label sets of different files shar
 _INTERNED_MAX = 1 << 16
 
 
+_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}  # and equal pairs of unequal sets: ("run", "x") of every rank
+
+
 def _intern(labels: Labels) -> Labels:
     if len(_INTERNED) >= _INTERNED_MAX:
         _INTERNED.clear()  # tuples already handed out stay valid; only sharing restarts
+        _PAIRS.clear()
+    if (known := _INTERNED.get(labels)) is not None:
+        return known
+    labels = tuple(_PAIRS.setdefault(kv, kv) for kv in labels)
     return _INTERNED.setdefault(labels, labels)
+
+
+_OPTIONS: dict[tuple[int, int, object], tuple[int, int, object]] = {}  # the tailers' options, shared
+
+
+def _options(*opts: object) -> tuple[int, int, Callable[[str, int], None] | None]:
+    if len(_OPTIONS) >= 64:
+        _OPTIONS.clear()
+    return _OPTIONS.setdefault(opts, opts)  # type: ignore[arg-type, return-value]
 
 
 class LogStream:
     """Everything kept per followed file (ten thousand of them must fit in tens of MB): the
     tailer, this file's counts and per-file parsers, the labels and the last record of each
-    producer for the copy filter. Parser instances are shared between files."""
+    producer for the copy filter. Parser instances are shared between files.
 
-    __slots__ = ("path", "base_labels", "parser", "tailer", "stats", "_labels_cache", "_last",
+    A closed stream (an idle file past ``limits.max_open_files``, see ``close``) keeps less: its
+    tailer's position instead of the tailer, the parser as a tuple of its counts, the copy filter's
+    one producer as a tuple, only the records a later copy could still be compared with. The next
+    ``poll`` (or ``tailer``) makes each again, equal to what was there."""
+
+    __slots__ = ("path", "base_labels", "_parser", "_tailer", "_opts", "stats", "_labels_cache", "_last",
                  "_no_copies", "_generation", "_unparsed")
 
     def __init__(self, path: str, labels: Mapping[str, str] | None = None, fmt: str = "auto",
@@ -55,26 +76,55 @@ class LogStream:
                  check_open: Callable[[str, int], None] | None = None) -> None:
         self.path = path
         self.base_labels = _intern(make_labels(labels))
-        self.parser = CompositeParser(fmt, pattern)  # raises UnknownFormat for a bad override
-        self.tailer = LogTailer(path, position, start_at_end=start_at_end,
-                                max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes, check_open=check_open)
+        self._parser: CompositeParser | tuple[object, ...] = CompositeParser(fmt, pattern)  # UnknownFormat
+        self._opts = _options(max_line_bytes, chunk_bytes, check_open)
+        self._tailer: LogTailer | TailPosition = LogTailer(
+            path, position, start_at_end=start_at_end, max_line_bytes=max_line_bytes, chunk_bytes=chunk_bytes,
+            check_open=check_open)
         self.stats = StreamStats()
         # rank -> labels, for records that name their rank (made at the first: most files have none)
         self._labels_cache: dict[str, Labels] | None = None
         # producer -> (hash of its last record's text, line, log time): the copy filter keeps a
-        # hash, not the text, so that ten thousand idle files do not each hold their last record
-        self._last: dict[str, tuple[int, int, float | None]] = {}
-        self._no_copies = self.parser.no_copies
+        # hash, not the text, so that ten thousand idle files do not each hold their last record;
+        # closed at rest with one producer: (producer, hash, line, log time) (see close)
+        self._last: dict[str, tuple[int, int, float | None]] | tuple = {}
+        self._no_copies = self._parser.no_copies
         self._generation: tuple[int, int] | None = None
         self._unparsed: list[str] | None = None  # the last lines of blocks without a record (yields.py)
 
     @property
     def format(self) -> str | None:
-        return self.parser.format
+        p = self._parser
+        return p.format if type(p) is CompositeParser else CompositeParser.format_of(p[2:])  # type: ignore[index]
+
+    @property
+    def parser(self) -> CompositeParser:
+        p = self._parser
+        if type(p) is not CompositeParser:  # at rest (see close)
+            p = self._parser = CompositeParser.revived(p)  # type: ignore[arg-type]
+        return p  # type: ignore[return-value]
 
     @property
     def position(self) -> TailPosition | None:
-        return self.tailer.position
+        t = self._tailer
+        return t if type(t) is TailPosition else t.position  # type: ignore[union-attr]
+
+    @property
+    def tailer(self) -> LogTailer:
+        t = self._tailer
+        if type(t) is TailPosition:  # closed at rest (see close): the same tailer again
+            if type(last := self._last) is tuple:  # and the copy filter, of the position's generation
+                self._last, self._generation = {last[0]: last[1:]}, (t.dev, t.ino)
+            mx, chunk, check = self._opts
+            t = self._tailer = LogTailer(self.path, t, max_line_bytes=mx, chunk_bytes=chunk, check_open=check,
+                                         lazy=True)
+        return t  # type: ignore[return-value]
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the file's descriptor is held (without making a tailer at rest again)."""
+        t = self._tailer
+        return type(t) is LogTailer and t.is_open
 
     def poll(self, budget_bytes: int = 16 << 20, now: float | None = None) -> list[Sample]:
         """Samples from the complete lines appended since the last call."""
@@ -94,7 +144,29 @@ class LogStream:
         return self._samples(blocks, now)
 
     def close(self) -> None:
-        self.tailer.close()
+        """Release the descriptor and keep less while the file idles (see the class); a later
+        ``poll`` opens the file again where it was read to."""
+        if type(p := self._parser) is CompositeParser:
+            self._parser = p.rest() or p
+        t = self._tailer
+        if type(t) is not LogTailer:
+            return
+        t.close()
+        pos = t.at_rest()
+        if pos is None:
+            return
+        self._tailer = pos  # the next read is of the position's generation: from its line + 1 on
+        last = self._last
+        if self._generation != (pos.dev, pos.ino):
+            last.clear()  # the next block would clear it (another generation)
+        floor = pos.line + 1 - DUP_RECORDS
+        for producer in [p for p, prev in last.items() if prev[1] < floor]:
+            del last[producer]  # no later record can be a copy of it any more
+        if len(last) <= 1:  # the generation is the position's again when the tailer is (see tailer)
+            self._generation = None  # (it only tells when to clear the copy filter: empty, or one)
+            if last:
+                (producer, prev), = last.items()
+                self._last = (producer, *prev)
 
     def sample_lines(self) -> list[str]:
         """A few of the last lines read since the last record (cleaned, bounded): what the file
@@ -131,7 +203,7 @@ class LogStream:
         t = _time.time() if now is None else now
         path, no_copies, base, last, new = self.path, self._no_copies, self.base_labels, self._last, object.__new__
         labels_of = self._labels_cache
-        draft = SourcePosDraft
+        draft, parser = SourcePosDraft, self.parser
         stats = self.stats
         for tb in blocks:
             if tb.generation != self._generation:  # rotation/truncation: line numbers restart
@@ -142,8 +214,8 @@ class LogStream:
             stats.truncated_lines += tb.truncated_lines
             # ANSI colour codes never contain a newline, so stripping keeps line numbers exact
             block = Block(strip_ansi(tb.text), tb.first_line)
-            records = self.parser.parse(block)
-            n_records = len(records) - self.parser.hint_records
+            records = parser.parse(block)
+            n_records = len(records) - parser.hint_records
             stats.records += n_records
             if n_records:
                 self._unparsed = None

@@ -20,49 +20,15 @@ least that size is taken at its word.
 
 from __future__ import annotations
 
-import enum
 import os
-from dataclasses import dataclass
 from typing import Callable
 
 from ..safeio import open_regular
+from .tailtypes import TailEvent, TailPosition, TextBlock
 
 __all__ = ["LogTailer", "TailEvent", "TailPosition", "TextBlock"]
 _NO_BUF = b""  # the buffer of a tailer without a descriptor (see close)
-
-
-@dataclass(frozen=True, slots=True)
-class TailPosition:
-    """Checkpoint to persist after the returned blocks were processed."""
-
-    dev: int  # st_dev of the file generation being read
-    ino: int  # st_ino of that generation
-    offset: int  # byte offset just after the last complete line consumed
-    line: int  # complete lines consumed in this generation (next line = line + 1)
-
-
-@dataclass(frozen=True, slots=True)
-class TextBlock:
-    """Consecutive complete lines from one file generation."""
-
-    path: str  # the watched path, even when the bytes came from a rotated generation
-    text: str  # decoded lines, each ending with "\n"
-    first_line: int  # 1-based number of the first line within its generation
-    n_lines: int
-    start_offset: int
-    end_offset: int  # byte offset after the last line of the block
-    generation: tuple[int, int]  # (dev, ino) the bytes came from
-    truncated_lines: int = 0  # lines cut at max_line_bytes in this block
-
-
-class TailEvent(enum.Enum):
-    """Notable things that happened to the followed file (see drain_events)."""
-
-    ROTATED = "rotated"  # the path now names another file; switched to it
-    TRUNCATED = "truncated"  # same file shrank below our position; restarted at 0
-    RESUMED_FROM_ROTATED = "resumed_from_rotated"  # saved generation found renamed
-    MISSING = "missing"  # the path does not exist (reported once per absence)
-    ERROR = "error"  # an OSError (e.g. permission denied); read() returned what it had
+_DEVS: dict[int, int] = {}  # one st_dev object for every file of a file system (10,000 positions hold it)
 
 
 def _decode(raw: bytes) -> str:
@@ -91,9 +57,11 @@ class LogTailer:
         max_line_bytes: int = 1 << 20,
         chunk_bytes: int = 1 << 20,
         check_open: Callable[[str, int], None] | None = None,
+        lazy: bool = False,
     ) -> None:
         """``check_open(path, fd)``: called on every descriptor opened; raises an OSError to
-        refuse the file (the daemon's symlink confinement: it reports the refusal itself)."""
+        refuse the file (the daemon's symlink confinement: it reports the refusal itself).
+        ``lazy``: open the file at the first ``read``, not now (as after ``close``)."""
         if max_line_bytes < 1 or chunk_bytes < 1:
             raise ValueError("max_line_bytes and chunk_bytes must be positive")
         self.path = os.fspath(path)
@@ -111,11 +79,21 @@ class LogTailer:
         self._last_error: str | None = None
         self._check = check_open
         self._skip: tuple[tuple[int, int], int, int, bool] | None = None  # a partial line at close()
-        self.consumed_bytes = 0  # bytes read so far, as lines or as the cut part of a line: progress
+        self.consumed_bytes = 0  # bytes read by this object, as lines or as the cut part of a line: progress
+        if lazy:
+            return
         try:
             self._start()
         except OSError as exc:
             self._error(exc)
+
+    def at_rest(self) -> TailPosition | None:
+        """The position alone, when it is all this tailer holds (closed, no event, error, cut
+        line or start-at-end pending): ``LogTailer(path, it, lazy=True)`` is the same tailer."""
+        if self._fd is not None or self._pending is None or self._skip is not None or self._events \
+                or self._last_error is not None or self._missing_reported or self._start_at_end:
+            return None
+        return self._pending
 
     @property
     def position(self) -> TailPosition | None:
@@ -281,7 +259,7 @@ class LogTailer:
         fd = self._open_checked(self.path)
         try:
             fst = os.fstat(fd)
-            gen = (fst.st_dev, fst.st_ino)
+            gen = (_DEVS.setdefault(fst.st_dev, fst.st_dev) if len(_DEVS) < 64 else fst.st_dev, fst.st_ino)
             offset = line = 0
             if pos is not None and gen == (pos.dev, pos.ino):
                 if fst.st_size >= pos.offset:

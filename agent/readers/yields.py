@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from ..model import LOG_UNRECOGNIZED, Labels, Sample, SourcePos, make_labels
+from ..model import LOG_UNRECOGNIZED, Labels, Sample, SourcePos
 from .parsers.base import strip_ansi
 
 SAMPLE_LINES = 5          # sample lines kept per file for the alert's evidence
@@ -239,7 +239,8 @@ class YieldWatch:
         else:
             t.alerted, t.cleared, attrs = None, True, ()
             self._blind.discard(path)
-        labels = make_labels(dict(t.labels), file=path)
+        # = make_labels(dict(t.labels), file=path), with the file's own pairs (one set per followed file)
+        labels = tuple(sorted([*(kv for kv in t.labels if kv[0] != "file"), ("file", path)]))
         return Sample(labels, LOG_UNRECOGNIZED, value, None, SourcePos(path, 0), now, None, attrs, "")
 
 

@@ -191,12 +191,15 @@ def _read_stream(path: Path, body: bytes, cut: int, chunk: int, max_line: int, r
         with open(path, "ab") as f:  # the rest arrives later, cut anywhere (even inside a character)
             f.write(body[cut:])
         if reopen:  # small turns with the descriptor closed between them (a tight max_open_files)
-            while stream.tailer.consumed_bytes < len(body):
-                before = stream.tailer.consumed_bytes
-                stream.tailer.close()
+            done = stream.tailer.consumed_bytes
+            while done < len(body):
+                stream.close()  # as the follower closes an idle file: at rest it keeps less (logstream.py)
+                tailer = stream.tailer  # (at rest: a new one, counting from 0)
+                before = tailer.consumed_bytes
                 got += stream.poll(chunk)
-                if stream.tailer.consumed_bytes == before:
+                if tailer.consumed_bytes == before:
                     raise AssertionError("no progress after a reopen")
+                done += tailer.consumed_bytes - before
         got += stream.poll(budget) + stream.finish()
     finally:
         stream.close()

@@ -55,8 +55,8 @@ def test_memory_per_followed_file_is_small(tmp_path):
         streams = [LogStream(str(p), {"job": "j"}) for p in paths]
         for s in streams:
             assert len(s.poll(now=0.0)) == 2
-            s.tailer.close()
+            s.close()  # as the follower closes an idle file: at rest (logstream.py)
         per_file = (tracemalloc.get_traced_memory()[0] - before) / len(streams)
     finally:
         tracemalloc.stop()
-    assert per_file < 3000, per_file
+    assert per_file < 1200, per_file  # ~700 at rest (1,300 before: a closed tailer, parser, dicts)

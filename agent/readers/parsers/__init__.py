@@ -49,10 +49,12 @@ class CompositeParser:
 
     ``format`` reports the producer that contributed most records so far (a file may mix a
     trainer's lines with a framework's, e.g. DeepSpeed messages inside a Megatron log).
-    Per file it holds only counts and the parsers that keep per-file context.
+    Per file it holds only counts and the parsers that keep per-file context; ``compact`` (an idle
+    file's stream closed) packs the counts into a flat tuple and drops an empty error list, both
+    made again by the next ``parse``.
     """
 
-    __slots__ = ("parsers", "fixed", "counts", "errors", "_own", "hint_records")
+    __slots__ = ("parsers", "fixed", "counts", "_errors", "_own", "hint_records")
 
     def __init__(self, fmt: str = "auto", pattern: str | None = None) -> None:
         """``fmt``: "auto" (every producer), a producer name, or "custom" (only ``pattern``).
@@ -68,8 +70,9 @@ class CompositeParser:
         elif fmt == "custom":
             raise UnknownFormat("format 'custom' needs a pattern")
         self.fixed = fmt != "auto"
-        self.counts: dict[str, int] = {}  # producer -> records so far (only producers seen)
-        self.errors: list[str] = []  # parser failures, drained by the reader that owns this parser
+        # producer -> records so far (only producers seen); compacted: (name, n, name, n, ...)
+        self.counts: dict[str, int] | tuple[str | int, ...] = {}
+        self._errors: list[str] | None = None  # see ``errors``
         self._own: dict[str, Parser] | None = None  # this file's instances of per_file parsers
         self.hint_records = 0  # records of hint parsers in the last parse (no training records)
 
@@ -84,10 +87,55 @@ class CompositeParser:
         return _no_copies(self.parsers)
 
     @property
+    def errors(self) -> list[str]:
+        """Parser failures, drained (read, then cleared) by the reader that owns this parser."""
+        if self._errors is None:
+            self._errors = []
+        return self._errors
+
+    def compact(self) -> None:
+        """Hold less while the file idles (10,000 followed files): the counts as a flat tuple
+        instead of a dict, no empty error list. ``parse`` and ``errors`` make them again."""
+        if not self._errors:
+            self._errors = None
+        if type(self.counts) is dict:
+            self.counts = tuple(x for kv in self.counts.items() for x in kv)
+
+    def rest(self) -> tuple[object, ...] | None:
+        """This parser packed for an idle file: ``(parsers, fixed, name, n, ...)``, which
+        ``revived`` makes a parser again and ``format_of`` reads; None (and compacted) while it
+        holds per-file parser context or errors."""
+        self.compact()
+        if self._own is not None or self._errors:
+            return None
+        return (self.parsers, self.fixed, *self.counts)
+
+    @classmethod
+    def revived(cls, rest: tuple[object, ...]) -> CompositeParser:
+        p = cls.__new__(cls)
+        p.parsers, p.fixed, p.counts = rest[0], rest[1], rest[2:]  # type: ignore[assignment]
+        p._errors = p._own = None
+        p.hint_records = 0
+        return p
+
+    def _counts(self) -> dict[str, int]:
+        """The counts as a dict (after ``compact``: a new one, kept)."""
+        counts = self.counts
+        if type(counts) is not dict:
+            counts = self.counts = dict(zip(counts[::2], counts[1::2]))  # type: ignore[arg-type]
+        return counts  # type: ignore[return-value]
+
+    @property
     def format(self) -> str | None:
+        return self.format_of(self.counts)  # (read once: another thread may ask while the reader compacts)
+
+    @staticmethod
+    def format_of(counts: dict[str, int] | tuple[object, ...]) -> str | None:
+        """The format the counts name (a dict, or compacted: ``name, n, ...``)."""
         # a generic fallback (user prints, JSON lines) names the format only when no specific
         # producer matched: DeepSpeed's messages make a DeepSpeed log even among many user prints
-        best = max(self.counts.items(), key=lambda kv: (kv[1] > 0 and kv[0] not in _FALLBACKS, kv[1]),
+        items = counts.items() if type(counts) is dict else zip(counts[::2], counts[1::2])  # type: ignore[union-attr]
+        best = max(items, key=lambda kv: (kv[1] > 0 and kv[0] not in _FALLBACKS, kv[1]),
                    default=(None, 0))
         return best[0] if best[1] > 0 else None
 
@@ -130,7 +178,8 @@ class CompositeParser:
             if parser.hint:
                 self.hint_records += len(records)
             else:
-                self.counts[parser.name] = self.counts.get(parser.name, 0) + len(records)
+                counts = self._counts()
+                counts[parser.name] = counts.get(parser.name, 0) + len(records)
             in_order = not merged and spans is not None  # spans are only given with ordered records
             merged.extend(records)
             if spans is None:  # a record's line is the line of its position
