@@ -33,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import common
+from .cliphases import PHASES, best, cli_phases, report_line
 
 GOAL_2CORE = 0.8    # --jobs 2 vs 2 numpy processes, on a 2-core host
 GOAL_MANY = 0.5     # --jobs 8 vs 8 numpy processes, on a 16-core host
@@ -162,6 +163,13 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
         }
         load_before = os.getloadavg()[0]
         wall, cpu = _timed(fns, paths, repeat)
+        # the command's own phases (bench/cliphases.py), the tree and the tiny file alternated
+        runs: dict[str, list[dict[str, Any]]] = {"tree": [], "tiny": []}
+        for _ in range(repeat):
+            _warm(paths)
+            runs["tree"].append(cli_phases(sys.executable, ["scan", "--json", "--jobs", str(n), str(root)], _env()))
+            runs["tiny"].append(cli_phases(sys.executable, ["scan", "--json", "--jobs", "1", str(tiny)], _env()))
+        phases = {k: best(v) for k, v in runs.items()}
         load_after = os.getloadavg()[0]
     same = outs.get(1) == outs.get(n) and codes.get(1) == codes.get(n)
     result = json.loads(outs[n]) if outs.get(n) else {}
@@ -204,6 +212,8 @@ def run(ranks: int = 8, files: int = 4, file_mib: int = 128, jobs: int | None = 
             "threads_speedup_inproc": wall["threads1_inproc"] / wall["threads_inproc"],
             "numpy_kernels_speedup_inproc": wall["numpy_kernels1_inproc"] / wall["numpy_kernels_inproc"],
         },
+        # the command's phases, fastest run of the tree and of the tiny file, and each phase's minimum
+        "cli_phases": phases,
         "output_same_for_jobs1_and_N": same, "exit_status": codes.get(n),
         "tensors": len(result.get("tensors") or ()), "errors": len(result.get("errors") or ()),
     }
@@ -237,6 +247,12 @@ def report(res: dict[str, Any]) -> str:
         f"  numpy kernels (the fallback), in-process: {p['jobs']} threads {w['numpy_kernels_inproc']:.2f} s "
         f"({c['numpy_kernels_inproc']:.2f} cores), 1 thread {w['numpy_kernels1_inproc']:.2f} s: "
         f"{r['numpy_kernels_speedup_inproc']:.2f}x",
+        f"  the command's phases (bench/cliphases.py, fastest run; seconds of wall time):",
+        report_line(f"tree, --jobs {p['jobs']}", res["cli_phases"]["tree"]),
+        report_line("tiny file", res["cli_phases"]["tiny"]),
+        "    phase minima, tree - tiny: " + ", ".join(
+            f"{k} {res['cli_phases']['tree']['phases_min_s'][k] - res['cli_phases']['tiny']['phases_min_s'][k]:+.3f}"
+            for k in PHASES) + f" (scan_dump in-process: {w['threads_inproc']:.3f})",
         f"  output of --jobs 1 and --jobs {p['jobs']} identical: {res['output_same_for_jobs1_and_N']} "
         f"(exit {res['exit_status']}, {res['tensors']} tensors, {res['errors']} unreadable)",
     ])

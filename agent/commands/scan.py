@@ -16,7 +16,7 @@ from ..dumps.scan import Progress, scan_dump, with_fusion, with_inf_extremes
 from ..engine.rulefile import RuleSet
 from ..model import json_safe
 from .compare import usable_cpus
-from .tools import EXIT_ERRORS as EXIT_CONFIG, exit_status, progress_bar, rules_dirs
+from .tools import EXIT_ERRORS as EXIT_CONFIG, exit_status, progress_bar, rules_dirs, write_all
 
 
 MAX_DEFAULT_JOBS = 8   # past this a tree scan is bound by memory bandwidth, not by cores
@@ -150,8 +150,7 @@ def run(args: argparse.Namespace) -> int:
     result = scan(path, args.step, rules, progress=progress_bar(args.progress), threads=args.threads,
                   fusion=fusion, jobs=getattr(args, "jobs", None) or default_jobs())
     if args.json:
-        json.dump(json_safe(result), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        write_all(json.dumps(json_safe(result), indent=2) + "\n")
     else:
         print(format_report(result))
     for w in result.get("warnings") or ():

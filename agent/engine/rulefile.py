@@ -139,9 +139,31 @@ def _error_location(data: Any, loc: tuple[Any, ...]) -> str:
     return " ".join(parts + [f"field {fieldname}"])
 
 
+PARSED = "parsed.jsonl"   # beside the shipped rule files: each one's parse, by the SHA-256 of its bytes
+
+
+@functools.cache
+def shipped_parsed() -> dict[str, str]:
+    """The shipped rule files parsed at build time (``rules/parsed.jsonl``: a line per file,
+    ``SHA-256 NAME JSON``, made by ``python -m tests.support.rule_twin``; tests/engine/test_rule_twin.py
+    keeps it equal to the YAML): JSON text by the SHA-256 of the file. A file whose bytes match
+    (a shipped one, or a copy) is validated from it without PyYAML, whose pure-Python parse of
+    the shipped files was the largest part of a one-shot command's rule loading; any other
+    file, or a shipped one edited since, is parsed as YAML. Empty where the twin is missing."""
+    try:
+        text = (default_rules_dir() / PARSED).read_text("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        sha, _name, parsed = line.split(" ", 2)
+        out[sha] = parsed
+    return out
+
+
 def load_rule_file(path: Path, runbook_base: str = "") -> list[Rule]:
     """Parse and validate one rule file; raises ConfigError(file, where, reason)."""
-    data = load_yaml_mapping(path)
+    data = load_yaml_mapping(path, shipped_parsed())
     try:
         model = RuleFileModel.model_validate(data)
     except ValidationError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from support.commands import cli_modules
 from support.torchpt import write_msprobe_pt
 
 # every run of compare: none of these (module or any module below it)
@@ -33,17 +34,6 @@ NEVER = ("precision_agent.commands.scan", "precision_agent.commands.fusion", "pr
 SCANNER = ("yaml", "precision_agent.dumps.tensorstats", "precision_agent.dumps.scanner", "precision_agent.dumps.windows",
            "precision_agent.dumps.pagecache", "precision_agent.kernels.scan_c", "precision_agent.kernels.scan_numpy")
 
-PROBE = """
-import io, json, sys
-from precision_agent.commands.cli import main
-out, sys.stdout = sys.stdout, io.StringIO()
-try:
-    rc = main(sys.argv[1:])
-finally:
-    doc, sys.stdout = sys.stdout.getvalue(), out
-print(json.dumps({"rc": rc, "out": doc, "modules": sorted(sys.modules)}))
-"""
-
 
 def _dump(root: Path, drift: bool) -> Path:
     rng = np.random.default_rng(7)
@@ -59,10 +49,8 @@ def _dump(root: Path, drift: bool) -> Path:
 
 
 def _run(*args: object) -> tuple[int, dict, set[str]]:
-    p = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    got = json.loads(p.stdout)
-    return got["rc"], json.loads(got["out"]) if got["out"].startswith("{") else {}, set(got["modules"])
+    rc, out, modules, _err = cli_modules(*args)
+    return rc, json.loads(out) if out.startswith("{") else {}, modules
 
 
 def _imported(modules: set[str], names: tuple[str, ...]) -> list[str]:

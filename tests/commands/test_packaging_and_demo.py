@@ -20,6 +20,8 @@ def test_plain_install_carries_rules_and_exporter_assets(tmp_path, plain_install
     assert list((target / "precision_agent" / "exporters" / "prometheus").glob("*.yml"))
     assert (target / "precision_agent" / "readers" / "metric_map.yml").is_file()  # the shipped metric map
     assert rules, "no rule files in the installed package"
+    # their parse at build time (engine/rulefile.py shipped_parsed): without it every command parses YAML
+    assert (target / "precision_agent" / "rules" / "parsed.jsonl").is_file()
     env = {**os.environ, "PYTHONPATH": str(target)}
     check = subprocess.run([sys.executable, "-m", "precision_agent", "rules", "check"], capture_output=True,
                            text=True, timeout=60, env=env, cwd=tmp_path)

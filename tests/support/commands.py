@@ -19,3 +19,26 @@ def replay_json(path: Path | str) -> dict[str, Any]:
     paging = any(f["severity"] in ("page", "critical") for f in r["findings"])
     assert proc.returncode == (1 if paging else 2 if r["unrecognized"] else 0), proc.stderr
     return r
+
+
+# the command line run in a fresh interpreter, in-process (``main``), as a user runs it: its exit
+# status and output, and every module it loaded
+_PROBE = """
+import io, json, sys
+from precision_agent.commands.cli import main
+out, sys.stdout = sys.stdout, io.StringIO()
+try:
+    rc = main(sys.argv[1:])
+finally:
+    doc, sys.stdout = sys.stdout.getvalue(), out
+print(json.dumps({"rc": rc, "out": doc, "modules": sorted(sys.modules)}))
+"""
+
+
+def cli_modules(*args: object) -> tuple[int, str, set[str], str]:
+    """``precision-agent ARGS`` in a fresh interpreter: (exit status, stdout, the modules it
+    imported, stderr)."""
+    p = subprocess.run([sys.executable, "-c", _PROBE, *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    return got["rc"], got["out"], set(got["modules"]), p.stderr
