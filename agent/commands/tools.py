@@ -63,7 +63,11 @@ def write_all(text: str) -> None:
     data = memoryview(text.encode(sys.stdout.encoding or "utf-8", sys.stdout.errors or "strict"))
     while data:
         n = out.write(data)
-        data = data[n if n is not None else 0:]
+        if n is None:   # a non-blocking stdout that is full: wait until it takes more
+            import select
+            select.select([], [out], [], 1.0)
+            continue
+        data = data[n:]
 
 
 def freeze_at_exit() -> None:

@@ -31,7 +31,12 @@ def load_yaml_mapping(path: Path, known: Mapping[str, str] | None = None) -> dic
             import json
             parsed = known.get(hashlib.sha256(raw).hexdigest())
             if parsed is not None:
-                return json.loads(parsed)
+                try:
+                    data = json.loads(parsed)
+                except ValueError:   # a damaged twin: parse the file itself
+                    data = None
+                if isinstance(data, dict):
+                    return data
         text = raw.decode("utf-8")
     except OSError as exc:
         raise ConfigError(str(path), "(file)", exc.strerror or str(exc)) from exc

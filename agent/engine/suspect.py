@@ -159,18 +159,21 @@ def _single_rank(f: Finding, series: Mapping[Labels, SeriesState]) -> dict[str, 
     if f.kind != "nonfinite" or rank is None or step is None or metric is None:
         return None
     run = run_labels(f.labels)
-    finite, bad, ranks, since = [], [], [], 0.0
+    finite, bad, ranks, attempt = [], [], [], 1
     for key, st in list(series.items())[-4096:]:
         other = dict(key).get("rank")
         if other is None or run_labels(key) != run:
             continue
         if other == rank:
-            since = max(since, st.attempt_since)
+            attempt = max(attempt, st.attempt)
         elif metric in st.last:
             ranks.append((other, st))
     for other, st in ranks:
-        if st.last_update < since:
-            continue  # last read before this rank's attempt began: a previous attempt's rank
+        if st.attempt < attempt:
+            # a rank that never went back as this one did: a previous attempt's, not read since
+            # the restart (read times cannot tell: a catch-up reads both attempts at once). A rank
+            # that joined after the restart is left out too: a witness fewer, never a false one
+            continue
         if st.nonfinite.get(metric, 0) and (st.first_nonfinite_step is None or st.first_nonfinite_step <= step):
             bad.append(other)
         elif (reached := st.attempt_step) is not None and reached >= step and not st.nonfinite.get(metric, 0) \

@@ -42,7 +42,7 @@ RESTART_RECORDS = 3  # progress records in a row behind the last step that make 
 _PERSISTED = ("records", "first_step", "last_step", "last_update", "last", "scale_first", "scale_min",
               "scale_last", "scale_decreases", "scale_increases", "overflow_steps", "nonfinite",
               "precision", "scaler", "finished", "finished_at", "attempt", "scale_max", "scaler_events", "producer",
-              "attempt_base", "restarting", "first_nonfinite_step", "first_nonfinite_time", "attempt_since")
+              "attempt_base", "restarting", "first_nonfinite_step", "first_nonfinite_time")
 
 # producers whose trainers have no loss scaler at all (torchtitan trains in bf16/fp32 through FSDP's
 # mixed precision)
@@ -73,7 +73,6 @@ class SeriesState(OverflowAccounting):
     finished: bool = False         # the trainer announced the normal end of training
     finished_at: float = 0.0       # when that announcement was read
     attempt: int = 1               # 2, 3, ...: the steps went back (restart, or a new run in the file)
-    attempt_since: float = 0.0     # when the current attempt's first record was read (0: the first attempt)
     scale_max: float | None = None
     scaler_events: int = 0         # overflow events the scaler or trainer reported itself
     producer: str = ""             # the parser of the last training record
@@ -304,7 +303,7 @@ class SeriesState(OverflowAccounting):
             self._behind += 1
         if (self.restarting or ps - step >= 2 * max(self._step_delta, 1)
                 or self._behind >= RESTART_RECORDS):
-            self.new_attempt(s.time)
+            self.new_attempt()
             return None
         return ps
 
@@ -313,11 +312,10 @@ class SeriesState(OverflowAccounting):
         """The step the current attempt reached (``last_step`` is the highest of every attempt)."""
         return self._progress_step if self._progress_step is not None else self.last_step
 
-    def new_attempt(self, now: float = 0.0) -> None:
+    def new_attempt(self) -> None:
         """The steps went back: a restart from a checkpoint or another run in the same file. The
         scale trajectory and the copy filters start afresh (totals and counters are kept)."""
         self.attempt += 1
-        self.attempt_since = now
         self.restarting = False
         self.first_nonfinite_step = self.first_nonfinite_time = None
         self.attempt_base = (self.scale_decreases, self.scale_increases, self.scaler_events)
@@ -368,8 +366,6 @@ class SeriesState(OverflowAccounting):
         if not (isinstance(base, (list, tuple)) and len(base) == 3 and all(type(x) is int for x in base)):
             raise ValueError(f"series attempt_base: unexpected {base!r:.80}")
         st.attempt_base = tuple(base)
-        if type(st.attempt_since) not in (int, float) or not math.isfinite(st.attempt_since):
-            raise ValueError(f"series attempt_since: unexpected {st.attempt_since!r:.80}")
         ctx = data.get("context")
         if ctx is not None:
             if not isinstance(ctx, dict):

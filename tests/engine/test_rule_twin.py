@@ -77,3 +77,12 @@ def test_a_bad_rule_file_given_to_scan_still_fails_with_its_name_and_place(tmp_p
     broken.write_text("groups: [unclosed\n")
     rc, _, _, err = _scan(tmp_path / "t.npy", "--rules", bad)
     assert rc == 2 and "mine.yml" in err and "invalid YAML" in err
+
+
+def test_a_damaged_twin_entry_falls_back_to_yaml(tmp_path):
+    rules = tmp_path / "r.yml"
+    rules.write_text("groups:\n  - name: g\n    rules: []\n")
+    import hashlib
+    sha = hashlib.sha256(rules.read_bytes()).hexdigest()
+    for damaged in ('{"groups": [', '["not", "a", "mapping"]', "null"):
+        assert load_yaml_mapping(rules, {sha: damaged}) == {"groups": [{"name": "g", "rules": []}]}

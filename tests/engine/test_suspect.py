@@ -174,6 +174,20 @@ def test_a_previous_attempts_ranks_are_not_this_attempts_witnesses():
     assert ev["single_rank"]["finite_ranks"] == ["0"]   # this attempt's rank is a witness
 
 
+def test_this_attempts_ranks_witness_whatever_order_their_files_are_read_in():
+    """A catch-up reads file after file: rank 0's restart and steps are read before rank 1's,
+    and a previous attempt's rank 2 after both; rank 0 witnesses step 31, rank 2 does not."""
+    p = pipeline()
+    bf16_ranks(p, {"0": 40, "1": 40})
+    healthy(p, range(20, 32), T0 + 400, "0")          # read before rank 1's restart was
+    healthy(p, range(20, 31), T0 + 500, "1")
+    healthy(p, range(1, 41), T0 + 600, "2")           # read last, its records ending at step 40
+    p.process([value(GRAD_NORM, math.nan, 31, T0 + 700, "1", 31)])
+    (alert,) = nonfinite_alerts(p)
+    assert dict(alert.labels)["suspect"] == "hardware"
+    assert alert.finding["evidence"]["suspect_evidence"]["single_rank"]["finite_ranks"] == ["0"]
+
+
 def test_single_rank_evidence_that_arrives_later_is_shown_but_the_label_stays():
     p = pipeline()
     bf16_ranks(p, {"0": 20, "1": 20, "2": 20})

@@ -1,7 +1,5 @@
 """Series state: cross-rank deduplication, counter reconciliation, the scale trajectory."""
 
-import pytest
-
 from precision_agent.model import (LOSS, LOSS_SCALE, OVERFLOW, SKIPPED_CUMULATIVE, SKIPPED_INTERVAL, Sample,
                                    SourcePos)
 from precision_agent.series.state import SeriesState
@@ -87,15 +85,12 @@ def test_persistence_round_trip():
     assert again.scale_last == 4.0 and again.nonfinite == {LOSS: 1} and again.last_step == 3
 
 
-def test_an_attempts_start_and_step_are_kept_apart_from_the_earlier_attempts():
+def test_an_attempts_step_is_kept_apart_from_the_earlier_attempts():
     st = SeriesState((("run", "a"),))
     def at(step, t):
         return Sample((), LOSS, 2.0, step, SourcePos("x.log", step), t)
     feed(st, [at(i, 100.0 + i) for i in range(1, 41)])
     feed(st, [at(i, 500.0 + i) for i in range(20, 26)])   # back from 40 to 20: a restart
-    assert st.attempt == 2 and st.attempt_since == 520.0
-    assert st.attempt_step == 25 and st.last_step == 40
-    again = SeriesState.from_dict(st.labels, st.to_dict())
-    assert again.attempt_since == 520.0
-    with pytest.raises(ValueError):
-        SeriesState.from_dict(st.labels, {**st.to_dict(), "attempt_since": "soon"})
+    assert st.attempt == 2 and st.attempt_step == 25 and st.last_step == 40
+    again = SeriesState.from_dict(st.labels, st.to_dict(context=True))   # as the store keeps it
+    assert again.attempt == 2 and again.attempt_step == 25

@@ -108,7 +108,8 @@ def _agent(tmp_path, **kw):
 
 def test_every_resync_walks_and_finds_what_inotify_cannot_see(tmp_path):
     """The root replaced by a rename: inotify keeps watching the old directory (its inode), so
-    only a walk of the path finds the files of the new one; then appends are read as ever."""
+    only a walk of the path finds the files of the new one; its appends are read once each (by
+    the new watch or a walk: test_a_root_replaced_by_a_rename_is_watched_again shows the watch)."""
     agent, logs = _agent(tmp_path, resync_interval=0.2, limits=Limits(nice=0, io_idle=False))
     c = agent.health.counters
     try:
