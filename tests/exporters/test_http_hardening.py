@@ -93,7 +93,15 @@ def test_half_open_connections_hold_no_threads_and_time_out(tmp_path: Path) -> N
         pid = agent.proc.pid
         threads, fds = proc_status(pid, "Threads"), open_fds(pid)
         socks = half_open(agent.port, 300)
-        wait_for(lambda: open_fds(pid) >= fds + 300, 30, what="the agent to accept the 300 connections")
+
+        def all_accepted() -> bool:
+            # open now, or accepted and already timed out: on a loaded host the first ones may
+            # reach header_timeout before the last is accepted, so the 300 need not be open at once
+            held = open_fds(pid) - fds
+            if held >= 300:
+                return True
+            return held + (agent.metric("precision_agent_http_connections_refused_total", reason="timeout") or 0) >= 300
+        wait_for(all_accepted, 30, what="the agent to accept the 300 connections")
         assert proc_status(pid, "Threads") <= threads + 2, "half-open connections must not hold threads"
         # a normal client is served while the 300 wait
         assert "precision_agent_http_connections_open" in agent.get("/metrics")
