@@ -17,7 +17,7 @@ import os
 import stat
 from typing import IO, Any, Callable
 
-import numpy as np
+from .kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 __all__ = ["FileTooBig", "NotRegularFile", "file_kind", "mapped_pages", "memmap_regular", "open_regular",
            "open_regular_file", "read_regular"]

@@ -63,18 +63,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from .. import kernels
 from ..model import TensorStats
+from ..dumps.types import RawTensor
 from ..kernels import compare_c as blocks_c
 from ..kernels.compare_numpy import (EPS, EPS32, RATIO_THRESHOLDS, Acc, Kld, Side, general_block, pairs, same_bytes,
                      scratch)
 from ..kernels.compare_c import identical_block, revisit_identical
+from ..kernels.compare_raw import passes
 
 __all__ = ["BOOL_METRICS", "DEFAULT_BLOCK", "EPS", "EPS32", "METRIC_NAMES", "RATIO_NAMES",
            "RATIO_THRESHOLDS", "REASON_EMPTY", "REASON_NONFINITE", "REASON_SCALAR", "REASON_ZERO_X",
-           "REASON_ZERO_Y", "StatsDiff", "TensorDiff", "compare_arrays", "compare_stats"]
+           "REASON_ZERO_Y", "StatsDiff", "TensorDiff", "compare_arrays", "compare_raw", "compare_stats"]
 
 METRIC_NAMES: tuple[str, ...] = (
     "CosineSimilarity", "MaxAbsoluteError", "AccumulatedRelativeError", "RelativeEuclideanDistance",
@@ -174,6 +176,20 @@ def compare_arrays(target: np.ndarray, bench: np.ndarray, *, target_dtype: str |
         if kld is not None and acc.kld_todo:
             revisit_identical(sx_, x, y, n, acc, sc, kld, mod)
         return _finish(count=int(x.size), is_bool=is_bool, acc=acc, kld=kld)
+
+
+def compare_raw(target: RawTensor, bench: RawTensor, block_elems: int = DEFAULT_BLOCK) -> TensorDiff | None:
+    """:func:`compare_arrays` of two tensors given as flat words (``DumpTensor.raw``), through the
+    C kernel alone and without numpy; the same TensorDiff, bit for bit. None where that path
+    does not take the pair (no kernel, or a block numpy must see): compare the arrays then."""
+    mod = kernels.get("compare")
+    if mod is None:
+        return None
+    got = passes(mod, target.words, bench.words, target.code, bench.code, max(1, int(block_elems)))
+    if got is None:
+        return None
+    acc, kld = got
+    return _finish(count=len(target.words), is_bool=False, acc=acc, kld=kld)
 
 
 def _finish(count: int, is_bool: bool, acc: Acc, kld: Kld | None) -> TensorDiff:

@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any, Callable
 
-import numpy as np
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from .protobuf import decode_dump_data
 from ..safeio import memmap_regular, open_regular_file

@@ -27,16 +27,17 @@ import json
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import numpy as np
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..model import TensorStats
 from .npy import read_npy
-from .torchzip import inspect_pt, open_pt, pt_region
+from .torchzip import inspect_pt, open_pt, open_pt_raw, pt_region
 from ..safeio import open_regular_file
-from .types import DumpError, DumpTensor, FileRegion, ZipRegion
+from .types import DumpError, DumpTensor, FileRegion, RawTensor, ZipRegion
 
 MAX_DUMP_JSON = 512 << 20
 MAX_DIMS = 64
@@ -55,11 +56,16 @@ def normalize_dtype(value: str) -> str:
     return _DTYPE_ALIASES.get(name, name)
 
 
+_FLOAT_MAX_INT = int(sys.float_info.max)
+
+
 def _stat(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, float):
+        return value
+    if isinstance(value, int):   # JSON integers are unbounded: one past float's range says nothing
+        return float(value) if abs(value) <= _FLOAT_MAX_INT else None
     if isinstance(value, str):
         try:
             return float(value)
@@ -140,6 +146,14 @@ def _loader(path: str, shape: tuple[int, ...]) -> Callable[[], np.ndarray]:
             raise DumpError(f"{path}: tensor shape {tuple(arr.shape)} != dump.json shape {shape}")
         return arr
     return load
+
+
+def _raw(path: str, shape: tuple[int, ...]) -> Callable[[], RawTensor | None]:
+    """The .pt's words for the compare's C kernel (None: ``load`` reads it, or says what is wrong)."""
+    def raw() -> RawTensor | None:
+        got = open_pt_raw(path)
+        return got if got is not None and tuple(got.shape) == shape else None
+    return raw
 
 
 def _region(path: str, shape: tuple[int, ...]) -> Callable[[], FileRegion | ZipRegion | None]:
@@ -224,7 +238,7 @@ def _tensor(item: dict, key: str, slot: str, io: str, index: int, arg: str, orde
         raise DumpError(f"{json_path}: {key} {slot} {arg}: bad dtype/shape {dtype_raw!r}/{shape_raw!r}"[:300])
     dtype, shape = normalize_dtype(dtype_raw), tuple(shape_raw)
     extra: dict = {"slot": slot, "arg": arg, "entry": order, "stats_counts": "lower_bound"}
-    load = region = None
+    load = region = raw = None
     path = json_path
     data_name = item.get("data_name")
     if tensor_mode and data_name is not None:
@@ -233,10 +247,11 @@ def _tensor(item: dict, key: str, slot: str, io: str, index: int, arg: str, orde
         extra["data_name"] = data_name
         path = os.path.join(data_dir, data_name)
         load, region = _loader(path, shape), _region(path, shape)
+        raw = _raw(path, shape) if data_name.endswith(".pt") else None
     stats = _stats_from_item(item, key, io, index, dtype, shape, step, rank, path)
     return DumpTensor(name=key, io=io, index=index, dtype=dtype, shape=shape, order=order,
                       step=step, rank=rank, path=path, op_type=op_type, load=load, stats=stats,
-                      extra=extra, region=region)
+                      extra=extra, region=region, raw=raw)
 
 
 def find_rank_dirs(root: str | os.PathLike) -> list[Path]:

@@ -17,8 +17,7 @@ import struct
 import zipfile
 from typing import BinaryIO, Callable
 
-import numpy as np
-import numpy.lib.format as npformat
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..safeio import open_regular_file
 from .types import LIMITS, DumpError, DumpTensor, FileRegion, ZipRegion
@@ -35,13 +34,13 @@ def parse_npy_header(fp: BinaryIO, what: str) -> tuple[np.dtype, tuple[int, ...]
     """Return (dtype, shape, fortran_order, header_length) of the npy stream at ``fp``."""
     start = fp.tell()
     try:
-        version = npformat.read_magic(fp)
+        version = np.lib.format.read_magic(fp)
         if version == (1, 0):
-            shape, fortran, dtype = npformat.read_array_header_1_0(fp, max_header_size=MAX_HEADER)
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp, max_header_size=MAX_HEADER)
         elif version == (2, 0):
-            shape, fortran, dtype = npformat.read_array_header_2_0(fp, max_header_size=MAX_HEADER)
-        elif version == (3, 0) and hasattr(npformat, "_read_array_header"):
-            shape, fortran, dtype = npformat._read_array_header(fp, version, max_header_size=MAX_HEADER)
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp, max_header_size=MAX_HEADER)
+        elif version == (3, 0) and hasattr(np.lib.format, "_read_array_header"):
+            shape, fortran, dtype = np.lib.format._read_array_header(fp, version, max_header_size=MAX_HEADER)
         else:
             raise DumpError(f"{what}: unsupported npy format version {version}")
     except DumpError:

@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 
-import numpy as np
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 PAGE = mmap.PAGESIZE
 F_SETSIG, F_SETLEASE, F_GETLEASE = 10, 1024, 1025       # Linux <fcntl.h>
@@ -133,7 +133,7 @@ def resident_pages(fd: int, start: int, end: int, step: int = 128 << 20) -> np.n
     return np.concatenate(parts) if parts else None
 
 
-Cached = bool | np.ndarray | None   # all cached / none / a bool per page / unknown
+Cached = "bool | np.ndarray | None"   # all cached / none / a bool per page / unknown
 
 
 def snapshot(fd: int, ranges: list[tuple[int, int]]) -> list[Cached]:

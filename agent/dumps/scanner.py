@@ -56,14 +56,14 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
-import numpy as np
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from .. import kernels
 from ..model import TensorStats
 from ..kernels import scan_c
 from ..kernels.scan_numpy import FP16_MAX, ROW, Acc, Scratch, block_fn
 
-__all__ = ["DEFAULT_BLOCK", "FP16_MAX", "ROW", "kernel_for", "scan_array", "stats_of"]
+__all__ = ["DEFAULT_BLOCK", "FP16_MAX", "ROW", "kernel_for", "scan_array", "scan_words", "stats_of"]
 
 DEFAULT_BLOCK = 1 << 18          # elements: 1 MiB of float32, fits a core's L2 with its scratch
 _RELEASE_BYTES = 32 << 20
@@ -168,6 +168,30 @@ def scan_array(a: np.ndarray, *, dtype: str | None = None, name: str = "", io: s
     acc = _scan(a, kernel_for(a.dtype, bf16), int(block_elems), int(threads), _release)
     return stats_of(acc, int(a.size), kind_name, tuple(int(s) for s in a.shape), name=name, io=io,
                     index=index, step=step, rank=rank, path=path)
+
+
+_WORD_KERNELS = {"f4": "f32", "f2": "f16", "bf16": "bf16"}
+
+
+def scan_words(words: memoryview, code: str, dtype: str, shape: tuple[int, ...], *, name: str = "",
+               io: str = "", index: int = 0, block_elems: int = DEFAULT_BLOCK) -> TensorStats | None:
+    """Statistics of flat native words (a RawTensor's: ``code`` "f4", "f2" or "bf16") through the
+    C kernel alone, without numpy: one worker over blocks of ``block_elems`` from the first
+    element, as ``scan_region`` with one thread reads a file's, so the numbers are the same.
+    None when the C kernel is not there or declines a block: scan the array then."""
+    mod = kernels.get("scan")
+    kernel = getattr(mod, _WORD_KERNELS.get(code, ""), None) if mod is not None else None
+    if kernel is None or not len(words):
+        return None
+    n = int(block_elems)
+    st = mod.state()
+    for off in range(0, len(words), n):
+        if not kernel(words[off:off + n], st):
+            return None
+    acc = Acc()
+    scan_c.fold(mod.take(st), acc)
+    return stats_of(acc, len(words), "bfloat16" if code == "bf16" else dtype, shape, name=name, io=io,
+                    index=index)
 
 
 def kernel_for(dt: np.dtype, bf16: bool) -> Callable:

@@ -9,7 +9,7 @@ import threading
 from dataclasses import replace
 from typing import Callable
 
-import numpy as np
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..model import TensorStats
 from .scanner import scan_array
@@ -17,14 +17,21 @@ from .types import DumpError, DumpTensor
 from .windows import scan_region
 
 
+# the common dtypes' sizes, known without numpy's import (compare's progress bar asks for every pair)
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
+             "int8": 1, "uint8": 1, "bool": 1}
+
+
 def tensor_bytes(t: DumpTensor) -> int:
     """How many bytes of data one pass over ``t`` reads (0 for statistics-only tensors)."""
     if t.load is None:
         return 0
-    try:
-        size = 2 if t.dtype == "bfloat16" else np.dtype(t.dtype).itemsize
-    except TypeError:
-        size = 1
+    size = _ITEMSIZE.get(t.dtype)
+    if size is None:
+        try:
+            size = np.dtype(t.dtype).itemsize
+        except TypeError:
+            size = 1
     return math.prod(t.shape) * size
 
 

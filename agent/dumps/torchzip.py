@@ -27,16 +27,18 @@ import stat
 import zipfile
 from typing import NamedTuple
 
-import numpy as np
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..safeio import memmap_regular
 from .npy import SLACK, member_array, open_zip, read_member, stored_data_offset
 from .storedzip import Member, read_stored_zip
-from .types import DumpError, DumpTensor, FileRegion, ZipRegion
+from .types import DumpError, DumpTensor, FileRegion, RawTensor, ZipRegion
 
 MAX_PICKLE = 1 << 20
 MAX_ELEMENTS = 1 << 34
 _MAP_HERE = 8 << 20   # tensors up to this size are mapped with the descriptor that read the zip
+RAW_MAX_BYTES = 64 << 20   # open_pt_raw's tensors: as kernels/compare_c.WHOLE_MAPPED_BYTES (larger: np.memmap
+                           # read block by block, its pages dropped from the RSS behind the compare)
 
 # storage type name -> (numpy dtype, dtype name we report)
 STORAGE_DTYPES: dict[str, tuple[str, str]] = {
@@ -163,11 +165,25 @@ def _unpickle(data: bytes) -> TensorRef:
 class PtInfo(NamedTuple):
     path: str
     dtype: str                  # reported name ("bfloat16" for raw uint16 words)
-    np_dtype: np.dtype
+    code: str                   # numpy's dtype string of the stored words, byte order first ("<f4", ">f2", "?")
     shape: tuple[int, ...]
     ref: TensorRef
     member: zipfile.ZipInfo | Member   # the fast path's Member (name, size) where data_offset is set
     data_offset: int | None = None   # where a stored (uncompressed) member's bytes start: load maps it directly
+
+    @property
+    def itemsize(self) -> int:
+        return _ITEMSIZE[self.code.lstrip("<>|")]
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """The stored words' numpy dtype (built when asked: reading a .pt's description needs no numpy)."""
+        return np.dtype(self.code)
+
+
+_ITEMSIZE = {"f4": 4, "f8": 8, "f2": 2, "u2": 2, "i8": 8, "i4": 4, "i2": 2, "i1": 1, "u1": 1, "?": 1, "c8": 8, "c16": 16}
+# the C compare kernel's words (kernels/compare_c.py): reported dtype -> (RawTensor code, memoryview format)
+_RAW_KINDS = {"float32": ("f4", "f"), "float16": ("f2", "H"), "bfloat16": ("bf16", "H")}
 
 
 def inspect_pt(path: str | os.PathLike, *, max_members: int = 64,
@@ -187,9 +203,20 @@ def open_pt(path: str | os.PathLike, limit: int = 8 << 30) -> np.ndarray:
     return load_pt(got[0] if got is not None else inspect_pt(path), limit)
 
 
-def _fast(path: str, max_members: int, max_uncompressed: int, load: bool) -> tuple[PtInfo, np.ndarray | None] | None:
+def open_pt_raw(path: str | os.PathLike) -> RawTensor | None:
+    """A float32, float16 or bfloat16 tensor of the plain layout, contiguous, little-endian and
+    not larger than the compare takes whole, as a flat buffer of its mapped words (no numpy);
+    None for any other tensor, a file that is not the plain layout or one it refuses:
+    :func:`open_pt` reads those, or says why not."""
+    got = _fast(os.fspath(path), 64, 8 << 30, "raw")
+    return got[1] if got is not None else None
+
+
+def _fast(path: str, max_members: int, max_uncompressed: int,
+          load: bool | str) -> tuple[PtInfo, np.ndarray | RawTensor | None] | None:
     """The plain layout (storedzip.py) read through one descriptor: the description and, with
-    ``load``, the tensor mapped from the same descriptor. None: take zipfile's path."""
+    ``load``, the tensor mapped from the same descriptor (``load="raw"``: as a RawTensor where
+    :func:`open_pt_raw` takes it). None: take zipfile's path."""
     try:   # open_regular's checks, less the two fcntl calls that clear O_NONBLOCK: pread and mmap
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)   # ignore it on a regular file
     except OSError:
@@ -220,10 +247,12 @@ def _fast(path: str, max_members: int, max_uncompressed: int, load: bool) -> tup
         if data_offset is None:
             return None
         info = _checked(path, ref, raw_order.strip() == b"big", stored, data_offset)
-        if not load or info.np_dtype.itemsize * ref.storage.numel > _MAP_HERE or not all(ref.size):
+        if load == "raw":
+            return info, _raw(fd, info)
+        if not load or info.itemsize * ref.storage.numel > _MAP_HERE or not all(ref.size):
             return info, None   # large tensors: np.memmap, whose pages a compare can drop behind it
         start = data_offset - data_offset % mmap.ALLOCATIONGRANULARITY
-        mm = mmap.mmap(fd, data_offset - start + info.np_dtype.itemsize * ref.storage.numel,
+        mm = mmap.mmap(fd, data_offset - start + info.itemsize * ref.storage.numel,
                        access=mmap.ACCESS_READ, offset=start)
         flat = np.frombuffer(mm, dtype=info.np_dtype, count=ref.storage.numel, offset=data_offset - start)
         return info, _view(info, flat)
@@ -231,6 +260,22 @@ def _fast(path: str, max_members: int, max_uncompressed: int, load: bool) -> tup
         return None
     finally:
         os.close(fd)
+
+
+def _raw(fd: int, info: PtInfo) -> RawTensor | None:
+    """The tensor's words mapped from ``fd`` as a flat memoryview, or None (see open_pt_raw)."""
+    kind = _RAW_KINDS.get(info.dtype)
+    ref = info.ref
+    count = math.prod(ref.size)
+    nbytes = count * info.itemsize
+    if kind is None or info.code.startswith(">") or not count or not _contiguous(ref) \
+            or nbytes > RAW_MAX_BYTES or info.data_offset is None:
+        return None
+    first = info.data_offset + ref.offset * info.itemsize
+    start = first - first % mmap.ALLOCATIONGRANULARITY
+    mm = mmap.mmap(fd, first - start + nbytes, access=mmap.ACCESS_READ, offset=start)
+    words = memoryview(mm)[first - start:].cast(kind[1])
+    return RawTensor(words, kind[0], ref.size)
 
 
 def _inspect_zipfile(path: str, max_members: int, max_uncompressed: int) -> PtInfo:
@@ -252,23 +297,23 @@ def _inspect_zipfile(path: str, max_members: int, max_uncompressed: int) -> PtIn
 
 
 def _checked(path: str, ref: TensorRef, big: bool, member: zipfile.ZipInfo | Member, data_offset: int | None) -> PtInfo:
-    np_code, name = STORAGE_DTYPES[ref.storage.stype]
-    dtype = np.dtype(np_code)
-    if big:
-        dtype = dtype.newbyteorder(">")
+    code, name = STORAGE_DTYPES[ref.storage.stype]
+    if big and code.startswith("<"):
+        code = ">" + code[1:]
+    itemsize = _ITEMSIZE[code.lstrip("<>|")]
     numel = ref.storage.numel
-    if numel * dtype.itemsize > member.file_size:
+    if numel * itemsize > member.file_size:
         raise DumpError(f"{path}: storage declares {numel} elements, member has {member.file_size} bytes")
-    if member.file_size > numel * dtype.itemsize + SLACK:  # checked before anything is inflated
+    if member.file_size > numel * itemsize + SLACK:  # checked before anything is inflated
         raise DumpError(f"{path}: storage member declares {member.file_size} bytes, its {numel} elements "
-                        f"need only {numel * dtype.itemsize}; refused")
+                        f"need only {numel * itemsize}; refused")
     if len(ref.size) > 64 or math.prod(ref.size) > MAX_ELEMENTS:
         raise DumpError(f"{path}: tensor of shape {ref.size} is too large"[:300])
     if all(ref.size):
         last = ref.offset + sum((d - 1) * s for d, s in zip(ref.size, ref.stride))
         if last >= numel:
             raise DumpError(f"{path}: tensor view reaches element {last} of a {numel}-element storage")
-    return PtInfo(path, name, dtype, ref.size, ref, member, data_offset)
+    return PtInfo(path, name, code, ref.size, ref, member, data_offset)
 
 
 def load_pt(info: PtInfo, limit: int = 8 << 30) -> np.ndarray:
@@ -289,7 +334,7 @@ def load_pt(info: PtInfo, limit: int = 8 << 30) -> np.ndarray:
 def _view(info: PtInfo, flat: np.ndarray) -> np.ndarray:
     """The tensor's view of its storage ``flat``, read-only."""
     ref = info.ref
-    itemsize = info.np_dtype.itemsize
+    itemsize = info.itemsize
     if _contiguous(ref):
         arr = flat[ref.offset: ref.offset + math.prod(ref.size)].reshape(ref.size)
     else:
@@ -317,7 +362,7 @@ def pt_region(info: PtInfo) -> FileRegion | ZipRegion | None:
     ref = info.ref
     if not _contiguous(ref):
         return None
-    count, skip = math.prod(ref.size), ref.offset * info.np_dtype.itemsize
+    count, skip = math.prod(ref.size), ref.offset * info.itemsize
     if info.data_offset is not None:
         return FileRegion(info.path, info.data_offset + skip, info.np_dtype, count, ref.size)
     return ZipRegion(info.path, info.member.filename, skip, info.np_dtype, count, ref.size)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..model import TensorStats
 
@@ -32,6 +32,19 @@ class DumpTensor:
     # a plain stretch of a file, or a deflated zip member streamed in bounded chunks. None: the
     # scanner uses ``load`` (strided views, statistics-only dumps)
     region: "Callable[[], FileRegion | ZipRegion | None] | None" = None
+    # the data as flat native words for the compare's C kernel, without numpy (RawTensor), or None
+    # where it has no such form (another dtype, a strided view, big-endian): ``load`` then
+    raw: "Callable[[], RawTensor | None] | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class RawTensor:
+    """A tensor's elements in C order as one flat buffer of native words, read without numpy
+    (compare/engine.py gives it to the C kernel whole: kernels/compare_c.compare_raw)."""
+
+    words: memoryview          # 1-D; format "f" for float32, "H" for float16 and bfloat16 words
+    code: str                  # "f4" | "f2" | "bf16"
+    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

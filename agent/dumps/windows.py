@@ -45,7 +45,7 @@ from dataclasses import replace
 from itertools import islice
 from typing import Callable, Iterator
 
-import numpy as np
+from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..health import beat
 from ..kernels.scan_numpy import ROW, Acc, Scratch

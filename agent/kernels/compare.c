@@ -422,7 +422,7 @@ static Py_ssize_t get_words(PyObject *obj, int kind, Py_buffer *view) {
     if (*f == '@' || *f == '=' || *f == '<') f++;
 #endif
     int code_ok = f[0] && !f[1]
-        && (kind == K_F32 ? f[0] == 'f' : (kind == K_F16 ? f[0] == 'e' : (f[0] == 'H' || f[0] == 'e')));
+        && (kind == K_F32 ? f[0] == 'f' : (f[0] == 'H' || f[0] == 'e'));   /* 16-bit words: 'H' from a memoryview */
     if (!code_ok || view->itemsize != sz || view->len % sz || ((uintptr_t)view->buf) % (uintptr_t)sz) {
         PyBuffer_Release(view);
         PyErr_SetString(PyExc_ValueError, "not a contiguous aligned native buffer of that kind");

@@ -19,7 +19,7 @@ import threading
 from types import ModuleType
 from typing import Callable
 
-import numpy as np
+from .lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..safeio import mapped_pages
 
@@ -136,9 +136,13 @@ def same_terms(mod: ModuleType, kind: int | None, raw: np.ndarray, kld: Kld, off
     """KLD terms of a block equal on both sides (its values ``raw`` on both); False: numpy."""
     if kind is None or not fits(raw):
         return False
+    return terms_of_same(mod, kind, aligned(raw, 0), kld, off)
+
+
+def terms_of_same(mod: ModuleType, kind: int, words: object, kld: Kld, off: int) -> bool:
+    """same_terms on a buffer the kernel reads as it is (an aligned array, a memoryview)."""
     try:
-        a = aligned(raw, 0)
-        r = mod.terms(a, a, kind, kind, kld.params(off))
+        r = mod.terms(words, words, kind, kind, kld.params(off))
     except (ValueError, BufferError):
         return False
     if r is None:
@@ -345,7 +349,7 @@ def _pass2_whole(mod: ModuleType, kx: int, ky: int, whole: tuple[np.ndarray, np.
                  kld: Kld, skip: set[int], block_sums: dict[int, tuple[float, float]]) -> bool:
     """Pass 2 of two_pass in one kernel call (terms_blocks()) over the blocks not in skip."""
     fx, fy = whole
-    size = fx.size
+    size = len(fx)   # an array's or a memoryview's (compare_raw.py)
     flags = bytearray(-(-size // n))
     totals: dict[int, tuple[float, float]] = {}
     for k in range(len(flags)):

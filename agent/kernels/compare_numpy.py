@@ -14,7 +14,7 @@ import math
 import threading
 from typing import Callable, Iterator
 
-import numpy as np
+from .lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..health import beat
 from ..safeio import mapped_pages
@@ -23,8 +23,8 @@ Range = tuple[float, float]
 _RELEASE_BYTES = 32 << 20   # mapped pages dropped from the RSS about this often
 
 RATIO_THRESHOLDS: tuple[float, float] = (0.001, 0.005)
-EPS = float(np.finfo(float).eps)
-EPS32 = float(np.finfo(np.float32).eps)
+EPS = 2.0 ** -52     # float64's eps (np.finfo(float).eps), written out: no numpy import for it
+EPS32 = 2.0 ** -23   # float32's
 
 # float32 holds these exactly: their values are compared after the cast; others in their own dtype
 _EXACT_IN_F32 = {"b1", "i1", "u1", "i2", "u2", "f2", "f4"}
@@ -184,7 +184,10 @@ def _rowdot_loop(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.array([np.dot(p, q) for p, q in zip(a, b)])
 
 
-_rowdot = getattr(np, "vecdot", None) or _rowdot_loop
+def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise dots: ``np.vecdot`` (numpy >= 2.0), else one ``np.dot`` per row."""
+    vecdot = getattr(np, "vecdot", None)
+    return vecdot(a, b) if vecdot is not None else _rowdot_loop(a, b)
 
 
 def _zero_nonfinite(v: np.ndarray) -> int:

@@ -12,14 +12,14 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Callable
 
-import numpy as np
+from .lazy import np   # numpy on first use (kernels/lazy.py)
 
 from .scan_numpy import Acc, Scratch
 
-BlockFn = Callable[[np.ndarray, Acc, Scratch], None]
+BlockFn = "Callable[[np.ndarray, Acc, Scratch], None]"   # annotations only: a string, no numpy
 
 
-def _fold(values: tuple, acc: Acc) -> None:
+def fold(values: tuple, acc: Acc) -> None:
     """Add one ``take()`` of a C state to ``acc``."""
     nan, pinf, ninf, zeros, finite, sat, mn, mx, s, q, a = values
     acc.nan += nan
@@ -39,7 +39,7 @@ def _attach(mod: ModuleType, sc: Scratch) -> bytearray:
     """The worker's C state, created on its first block; its flush folds it into the Acc."""
     st = mod.state()
     sc.cstate = st
-    sc.cflush = lambda acc: _fold(mod.take(st), acc)
+    sc.cflush = lambda acc: fold(mod.take(st), acc)
     return st
 
 

@@ -6,18 +6,24 @@ Each kernel folds one 1-D block into a worker's :class:`Acc`, using only the wor
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Callable
 
-import numpy as np
+from .lazy import np   # numpy on first use (kernels/lazy.py)
 
 FP16_MAX = 65504.0
 ROW = 4096                       # BLAS dot length (OpenBLAS threads dots above 10000 elements)
 _FAST_LO = 2.0 ** -50            # float32 squares and row sums stay exact-enough in this range
 _FAST_HI = 2.0 ** 50
-_F16_MAGIC = np.float32(2.0 ** 112)       # rebias a half exponent (15) to a single one (127)
-_F16_MASK = np.int32(-1879048193)         # 0x8FFFFFFF: keep the sign, clear sign-extension bits
-_HIGH16 = np.uint32(0xFFFF0000)
+
+
+@functools.cache
+def _words() -> tuple[Any, Any, Any]:
+    """Typed constants of :func:`_widen`, made on first use (numpy is imported lazily)."""
+    return (np.float32(2.0 ** 112),       # rebias a half exponent (15) to a single one (127)
+            np.int32(-1879048193),        # 0x8FFFFFFF: keep the sign, clear sign-extension bits
+            np.uint32(0xFFFF0000))
 
 
 class Acc:
@@ -244,13 +250,14 @@ def _widen(w: np.ndarray, sc: Scratch, kind: _Half) -> np.ndarray:
     """float32 values of finite words, exact, by integer ops into scratch (numpy's own half
     cast is ~6x slower than these four passes)."""
     m = w.size
+    f16_magic, f16_mask, high16 = _words()
     if kind is _BF16:
         u = sc.w32[:m]
         if m % 2 == 0 and w.flags.c_contiguous and w.ctypes.data % 4 == 0:
             # two words as one uint32: one is already in the high half, the other shifts there
             # (values land out of order: the statistics do not care; ~25% fewer bytes moved)
             p = w.view(np.uint32)
-            np.bitwise_and(p, _HIGH16, out=u[:m // 2])
+            np.bitwise_and(p, high16, out=u[:m // 2])
             np.left_shift(p, 16, out=u[m // 2:])
         else:
             np.copyto(u, w)
@@ -259,9 +266,9 @@ def _widen(w: np.ndarray, sc: Scratch, kind: _Half) -> np.ndarray:
     i = sc.w32[:m].view(np.int32)
     np.copyto(i, w.view(np.int16))                 # sign-extends
     np.left_shift(i, 13, out=i)                    # exponent+mantissa into single position
-    np.bitwise_and(i, _F16_MASK, out=i)           # drop the extension bits, keep the sign
+    np.bitwise_and(i, f16_mask, out=i)           # drop the extension bits, keep the sign
     f = i.view(np.float32)
-    np.multiply(f, _F16_MAGIC, out=f)              # exact: rebias, normalises half subnormals
+    np.multiply(f, f16_magic, out=f)              # exact: rebias, normalises half subnormals
     return f
 
 

@@ -22,7 +22,7 @@ from conftest import corpus_path
 from precision_agent.dumps.mindspore import parse_npy_name, read_mindspore_npy_dir, read_statistic_csv
 from precision_agent.dumps.msprobe import list_msprobe_dump, read_msprobe_rank_dir
 from precision_agent.dumps.npy import read_npy, read_npz
-from precision_agent.dumps.torchzip import read_pt
+from precision_agent.dumps.torchzip import open_pt, open_pt_raw, read_pt
 from precision_agent.dumps.types import DumpError, DumpTensor
 from support.torchpt import _u, tensor_pickle, write_pt, write_pt_raw
 from support.torchpt import write_msprobe_pt as write_msprobe
@@ -82,6 +82,29 @@ def test_pt_roundtrip_dtypes_and_views(tmp_path):
     pkl = tensor_pickle("FloatStorage", 4, (4,), (1,))
     p = write_pt_raw(tmp_path / "c.pt", pkl, np.ones(4, np.float32).tobytes(), zipfile.ZIP_DEFLATED)
     np.testing.assert_array_equal(read_pt(p).load(), np.ones(4, np.float32))
+
+
+def test_pt_raw_words_of_plain_float_tensors_only(tmp_path):
+    """open_pt_raw: the words of a contiguous float32/float16/bfloat16 tensor, equal to open_pt's
+    array, read without numpy (kernels/compare_raw.py); None for everything else."""
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 5
+    for arr, dtype, code, fmt in ((a, None, "f4", "f"), (a.astype(np.float16), None, "f2", "H"),
+                                  (np.array([0x3F80, 0x7F80, 0xFFC0], np.uint16), "bfloat16", "bf16", "H")):
+        for align in (64, 0):
+            path = write_pt(tmp_path / f"{code}{align}.pt", arr, dtype=dtype, align=align)
+            raw = open_pt_raw(path)
+            assert raw is not None and (raw.code, raw.shape, raw.words.format) == (code, arr.shape, fmt)
+            assert raw.words.tobytes() == open_pt(path).tobytes() == arr.tobytes()
+    pkl = tensor_pickle("FloatStorage", 4, (4,), (1,))
+    others = [write_pt(tmp_path / "f8.pt", a.astype(np.float64)), write_pt(tmp_path / "i8.pt", a.astype(np.int64)),
+              write_pt(tmp_path / "t.pt", a[0], transpose=True),                 # a strided view
+              write_pt(tmp_path / "e.pt", np.zeros((0, 3), np.float32)),         # no elements
+              write_pt_raw(tmp_path / "z.pt", pkl, np.ones(4, np.float32).tobytes(), zipfile.ZIP_DEFLATED),
+              write_pt_raw(tmp_path / "short.pt", pkl, np.ones(3, np.float32).tobytes())]   # refused by open_pt
+    for path in others:
+        assert open_pt_raw(path) is None, path.name
+    (tmp_path / "junk.pt").write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    assert open_pt_raw(tmp_path / "junk.pt") is None
 
 
 @pytest.mark.parametrize("module,name", [("os", "system"), ("builtins", "eval"), ("posix", "system"),

@@ -35,7 +35,9 @@ def tensor_pickle(storage: str, numel: int, size, stride, offset: int = 0, key: 
 
 
 def write_pt_raw(path: Path, pkl: bytes, storage_bytes: bytes | None = b"",
-                 compress: int = zipfile.ZIP_STORED) -> Path:
+                 compress: int = zipfile.ZIP_STORED, align: int = 0) -> Path:
+    """``align``: the storage's data starts at a multiple of it in the file, as torch places it
+    (padding in an "FB" extra field of the local header); 0: wherever the zip puts it."""
     stem = path.name.removesuffix(".pt")
     with zipfile.ZipFile(path, "w", compression=compress) as z:
         z.writestr(f"{stem}/data.pkl", pkl)
@@ -43,14 +45,23 @@ def write_pt_raw(path: Path, pkl: bytes, storage_bytes: bytes | None = b"",
         z.writestr(f"{stem}/.storage_alignment", "64")
         z.writestr(f"{stem}/byteorder", "little")
         if storage_bytes is not None:
-            z.writestr(f"{stem}/data/0", storage_bytes)
+            name = f"{stem}/data/0"
+            if align and compress == zipfile.ZIP_STORED:
+                assert z.fp is not None
+                pad = -(z.fp.tell() + 30 + len(name.encode()) + 4) % align
+                info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+                info.extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad
+                z.writestr(info, storage_bytes)
+            else:
+                z.writestr(name, storage_bytes)
         z.writestr(f"{stem}/version", "3\n")
     return path
 
 
-def write_pt(path: Path, arr: np.ndarray, dtype: str | None = None, transpose: bool = False) -> Path:
+def write_pt(path: Path, arr: np.ndarray, dtype: str | None = None, transpose: bool = False,
+             align: int = 0) -> Path:
     """torch.save of ``arr`` (bf16: pass uint16 words and dtype="bfloat16"). ``transpose`` stores
-    arr.T's storage and describes ``arr`` as a strided view of it."""
+    arr.T's storage and describes ``arr`` as a strided view of it. ``align``: as write_pt_raw."""
     dtype = dtype or arr.dtype.name
     if transpose:
         base = np.ascontiguousarray(arr.T)
@@ -61,7 +72,7 @@ def write_pt(path: Path, arr: np.ndarray, dtype: str | None = None, transpose: b
         raw = c.tobytes()
         stride = tuple(s // arr.itemsize for s in c.strides)
     pkl = tensor_pickle(_STORAGE[dtype], arr.size, arr.shape, stride)
-    return write_pt_raw(path, pkl, raw)
+    return write_pt_raw(path, pkl, raw, align=align)
 
 
 def item(arr: np.ndarray, data_name: str | None) -> dict:
@@ -74,8 +85,9 @@ def item(arr: np.ndarray, data_name: str | None) -> dict:
     return d
 
 
-def write_msprobe_pt(rank_dir: Path, entries: dict, tensor_mode: bool = True) -> Path:
-    """entries: {key: {slot: [array | None | {"type":..,"value":..}]}} -> a dump dir."""
+def write_msprobe_pt(rank_dir: Path, entries: dict, tensor_mode: bool = True, align: int = 0) -> Path:
+    """entries: {key: {slot: [array | None | {"type":..,"value":..}]}} -> a dump dir (``align``:
+    each storage's data at a multiple of it, as torch writes them)."""
     data_dir = rank_dir / "dump_tensor_data"
     data_dir.mkdir(parents=True)
     data = {}
@@ -88,7 +100,7 @@ def write_msprobe_pt(rank_dir: Path, entries: dict, tensor_mode: bool = True) ->
                     io_ = "input" if slot.startswith("input") else "output"
                     name = f"{key}.{io_}.{i}.pt" if tensor_mode else None
                     if name:
-                        write_pt(data_dir / name, v)
+                        write_pt(data_dir / name, v, align=align)
                     out.append(item(v, name))
                 else:
                     out.append(v)
