@@ -447,3 +447,19 @@ def test_zip_members_zipfile_cannot_handle_are_errors_not_crashes(tmp_path):
     assert r["first_nonfinite"]["op"] == "nan.npy"
     bad = {e[0].rsplit("/", 1)[-1] if isinstance(e, tuple) else e["path"].rsplit("/", 1)[-1] for e in r["errors"]}
     assert "empty.npz" in bad
+
+
+def test_msprobe_statistics_past_floats_range_are_unknown_not_a_crash(tmp_path):
+    """JSON integers are unbounded: a Max of 10**400 in dump.json (the fuzz suite's case 2245 of
+    seed 1001) is no statistic, and the scan goes on (it raised OverflowError)."""
+    rank = tmp_path / "step0" / "rank0"
+    rank.mkdir(parents=True)
+    item = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [4], "Max": 10 ** 400, "Min": -(10 ** 400),
+            "Mean": 1, "Norm": 2}
+    doc = {"task": "statistics", "level": "L1", "framework": "pytorch", "dump_data_dir": None,
+           "data": {"Functional.linear.0.forward": {"input_args": [item], "output": [dict(item, Max=3)]}}}
+    (rank / "dump.json").write_text(json.dumps(doc))
+    res = scan_dump(tmp_path)
+    stats = {(s["io"], s["index"]): s for s in json.loads(json.dumps(res, default=str))["tensors"]}
+    assert len(stats) == 2 and not res["errors"]
+    assert stats[("input", 0)]["max"] is None and stats[("output", 0)]["max"] == 3.0

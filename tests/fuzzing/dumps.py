@@ -18,10 +18,13 @@ from typing import Any
 import numpy as np
 
 from support import dumps as W
+from precision_agent.compare.engine import compare_paths
+from precision_agent.compare.report import format_text, to_json
 from precision_agent.dumps.protobuf import decode_dump_data
 from precision_agent.dumps.scan import scan_dump
 from precision_agent.dumps.samples import result_samples
 from precision_agent.dumps.types import DumpError
+from precision_agent.model import json_safe
 
 from .core import Target
 from .mutate import mutate_bytes, mutate_tree, pick
@@ -262,6 +265,24 @@ def _scan(files: Files, work: Path) -> None:
     result_samples(result, {"job": "fuzz"})
 
 
+def _make_msprobe_pair(rng: random.Random) -> Files:
+    """Two damaged msprobe trees, ``bench`` and ``target`` (the same files one time in three):
+    what ``compare`` reads, its path without numpy (torchzip.open_pt_raw, compare_raw) first."""
+    a = _make_msprobe(rng)
+    b = a if rng.random() < 0.3 else _make_msprobe(rng)
+    return [(f"bench/{rel}", raw) for rel, raw in a] + [(f"target/{rel}", raw) for rel, raw in b]
+
+
+def _compare(files: Files, work: Path) -> None:
+    for rel, raw in files:
+        p = work / "dump" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(raw)
+    res = compare_paths(str(work / "dump" / "bench"), str(work / "dump" / "target"), jobs=2)
+    json.dumps(json_safe(to_json(res)))   # what `compare --json` prints
+    format_text(res)
+
+
 def _make_protobuf(rng: random.Random) -> bytes:
     if rng.random() < 0.2:
         return bytes(rng.randrange(256) for _ in range(rng.randint(0, 200)))
@@ -277,6 +298,7 @@ def _run_protobuf(raw: bytes, work: Path) -> None:
 TARGETS = [
     Target("dump_npy", _make_npy, _scan),
     Target("dump_msprobe", _make_msprobe, _scan),
+    Target("compare_msprobe", _make_msprobe_pair, _compare),
     Target("dump_cann", _make_cann, _scan),
     Target("dump_opdebug", _make_opdebug, _scan),
     Target("dump_mindspore", _make_mindspore, _scan),

@@ -13,7 +13,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (*logs.TARGETS, *kernel.TARGETS
 TEST_PLAN: dict[str, int] = {
     "log_lines": 2200, "kernel_lines": 500, "kernel_log": 600, "megatron_rerun_lines": 400, "hints": 800,
     "logstream": 800, "tfevents": 300, "metric_csv": 300,
-    "protobuf": 2000, "dump_npy": 1200, "dump_msprobe": 600, "dump_cann": 600, "dump_opdebug": 500,
+    "protobuf": 2000, "dump_npy": 1200, "dump_msprobe": 600, "compare_msprobe": 300, "dump_cann": 600, "dump_opdebug": 500,
     "dump_mindspore": 500,
     "rule_files": 500, "config": 500, "rules_test": 300, "user_regex": 300,
     "http": 1500,
