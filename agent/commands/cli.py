@@ -269,12 +269,45 @@ COMMANDS = {"run": _add_run, "replay": _add_replay, "scan": _add_scan, "compare"
             "fusion": _add_fusion, "rules": _add_rules, "demo": _add_demo}   # in the order --help lists them
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, its width found without ``shutil`` (whose import, with bz2's and
+    lzma's, argparse pays on the first add_argument of every command: ~5-10 ms of a one-shot
+    command's start), as shutil.get_terminal_size finds it: $COLUMNS, else stdout's terminal,
+    else 80 columns."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        if width is None:
+            width = _columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def _columns() -> int:
+    try:
+        cols = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        cols = 0
+    if cols <= 0:
+        try:
+            cols = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            cols = 0
+    return cols if cols > 0 else 80
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser with :class:`_Formatter` by default (its subcommands' parsers are of this
+    class too: add_subparsers makes them of the parser's own type)."""
+
+    def __init__(self, *args: Any, formatter_class: type = _Formatter, **kwargs: Any) -> None:
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; ``only``: with that command alone (what :func:`main` runs:
     each command's options are built, and its module imported, only for that command), every
     command when None or when it is not one (then the usage names them all)."""
-    p = argparse.ArgumentParser(prog="precision-agent",
-                                description="Watch training logs and dumps for numerical-precision failures.")
+    p = _Parser(prog="precision-agent", description="Watch training logs and dumps for numerical-precision failures.")
     p.add_argument("--version", action="version", version=f"precision-agent {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, add in COMMANDS.items():

@@ -21,7 +21,6 @@ from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..health import beat
 from ..dumps.msprobe import inf_extremes
-from ..dumps.scanner import scan_words
 from ..dumps.types import DumpError, DumpTensor
 from ..fusion.suspect import CATALOGUE_ERROR_PATH, catalogue_error
 from ..model import TensorStats
@@ -107,6 +106,7 @@ def _stats_of(t: DumpTensor) -> TensorStats:
         return t.stats
     raw = t.raw() if t.raw is not None else None
     if raw is not None and (raw.code == "bf16") == (t.dtype == "bfloat16"):   # words as scan would read them
+        from ..dumps.scanner import scan_words   # only for the tensors a verdict names
         s = scan_words(raw.words, raw.code, t.dtype, raw.shape, name=t.name, io=t.io, index=t.index)
         if s is not None:
             return replace(s, step=t.step, rank=t.rank, path=t.path)

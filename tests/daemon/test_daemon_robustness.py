@@ -32,7 +32,8 @@ def test_garbage_state_db_is_moved_aside_counted_and_logs_read_from_the_start(di
         assert "ERROR" in line and str(moved[0]) in line and "not a usable SQLite database" in line
         write_megatron(logs / "train.log", 1, 30)
         wait_for(lambda: agent.metric("precision_agent_training_step") == 30, what="step 30 on /metrics")
-        assert agent.metric("precision_agent_log_lines_read_total") == 30  # from the first line
+        wait_for(lambda: agent.metric("precision_agent_log_lines_read_total") == 30,  # from the first line
+                 what="the 30 lines counted")
         assert agent.stop() == 0
     finally:
         agent.kill()
@@ -40,7 +41,7 @@ def test_garbage_state_db_is_moved_aside_counted_and_logs_read_from_the_start(di
     try:
         write_megatron(logs / "train.log", 31, 32)
         wait_for(lambda: again.metric("precision_agent_training_step") == 32, what="step 32 after restart")
-        assert again.metric("precision_agent_log_lines_read_total") == 2
+        wait_for(lambda: again.metric("precision_agent_log_lines_read_total") == 2, what="the 2 lines counted")
         assert again.metric("precision_agent_errors_total", kind="state") == 0
         assert again.stop() == 0
     finally:
@@ -73,7 +74,7 @@ def test_poll_true_picks_up_appends_long_before_the_resync(dirs, tmp_path):
         write_megatron(log, 6, 9)
         wait_for(lambda: agent.metric("precision_agent_training_step") == 9, what="append found by polling")
         assert agent.metric("precision_agent_resyncs_total") == 1  # only the start-up pass ran
-        assert agent.metric("precision_agent_log_lines_read_total") == 9
+        wait_for(lambda: agent.metric("precision_agent_log_lines_read_total") == 9, what="the 9 lines counted")
         modes = {w["path"]: w["mode"] for w in json.loads(agent.get("/api/v1/status"))["data"]["watches"]}
         assert modes[str(polled)] == "poll" and modes[str(logs)] == "inotify"
         assert agent.stop() == 0

@@ -44,7 +44,8 @@ def _nan_paged_after(tmp_path, lines_read: int) -> str:
                                       alertstate="firing"), what="the NaN after the damaged row paged")
         wait_for(lambda: agent.metric("precision_agent_state_rows_quarantined_total", table="offsets") == 1,
                  what="the damaged row counted")
-        assert agent.metric("precision_agent_log_lines_read_total") == lines_read
+        wait_for(lambda: agent.metric("precision_agent_log_lines_read_total") == lines_read,
+                 what="the lines counted (just after their samples: a scrape may fall between)")
         assert agent.metric("precision_agent_errors_total", kind="state") == 1
         assert agent.stop() == 0
         return agent.stderr()
@@ -70,7 +71,8 @@ def test_negative_offset_resumes_after_the_saved_line_count(tmp_path):
     try:
         write_megatron(tmp_path / "logs" / "train.log", 26, 26)
         wait_for(lambda: again.metric("precision_agent_training_step") == 26, what="step 26")
-        assert again.metric("precision_agent_log_lines_read_total") == 1
+        wait_for(lambda: again.metric("precision_agent_log_lines_read_total") == 1,
+                 what="the lines counted")
         assert again.metric("precision_agent_errors_total", kind="state") == 0
         assert "TrainingNonFinite FIRING" not in again.stderr()
     finally:

@@ -108,7 +108,8 @@ def test_start_on_a_full_disk_runs_from_memory_and_saves_when_room_returns(tmp_p
     again.start()  # a full disk is no configuration error: no exit 2, no restart loop
     try:
         wait_for(lambda: again.metric("precision_agent_training_step") == 20, what="resumed and read on")
-        assert again.metric("precision_agent_log_lines_read_total") == 9  # resumed from the saved offset
+        wait_for(lambda: again.metric("precision_agent_log_lines_read_total") == 9,  # resumed from the saved offset
+                 what="the lines counted")
         assert firing(again, "grad_norm")  # the alert of the last run, kept, not paged again
         assert "TrainingNonFinite FIRING" not in again.stderr()
         assert again.metric("precision_agent_state_unsaved") == 1
@@ -126,7 +127,8 @@ def test_start_on_a_full_disk_runs_from_memory_and_saves_when_room_returns(tmp_p
     try:  # what was read while the disk was full was saved once there was room: nothing read twice
         write_megatron(log, 24, 24)
         wait_for(lambda: third.metric("precision_agent_training_step") == 24, what="step 24")
-        assert third.metric("precision_agent_log_lines_read_total") == 1
+        wait_for(lambda: third.metric("precision_agent_log_lines_read_total") == 1,
+                 what="the lines counted")
     finally:
         third.kill()
 
