@@ -1,8 +1,10 @@
 """``compare`` against ``msprobe compare`` and against ``cat``: wall time, end to end, on one
 generated msprobe dump pair of ~90 MB per side (goals: ours >= 40x faster than msprobe, and <= 3x
 the time ``cat`` needs to read both trees from the page cache). All run as commands, as a user
-runs them, interleaved round by round, best of N; with them the floor any Python compare stands
-on, ``python -c pass`` and ``python -c 'import numpy'``.
+runs them, interleaved round by round, best of N; with them the floors: ``python -c pass`` (the
+interpreter), the command's own imports and parser without any work (``ours_imports``), and
+``python -c 'import numpy'``, which a float pair the C kernel reads whole no longer pays
+(kernels/lazy.py, kernels/compare_raw.py).
 
 The pair is written by this script (no torch needed): an L1 tensor dump (``dump.json`` plus one
 ``torch.save``-format ``.pt`` file per tensor) of ten MLP blocks (d=384, hidden 1536, 128 tokens),
@@ -155,6 +157,10 @@ def write_dump(root: Path, blocks: int, half_block: int | None) -> int:
 
 
 # -- timing -----------------------------------------------------------------------------------------
+# what `precision-agent compare` imports and builds before it reads a byte (cli.main's path)
+_IMPORTS = ("from precision_agent.commands.cli import build_parser; build_parser('compare'); "
+            "import precision_agent.commands.tools, precision_agent.compare.engine, precision_agent.compare.pairing, "
+            "precision_agent.compare.report, precision_agent.fusion.context")
 def _env(**extra: str) -> dict[str, str]:
     """The environment a user's shell gives both tools: bytecode caches written and used, as
     after any pip install (a CI shell may set PYTHONDONTWRITEBYTECODE: ~60 ms more per start)."""
@@ -219,10 +225,15 @@ def _msprobe_venv(venv: Path) -> tuple[Path, float]:
 
 
 def run(blocks: int = 10, repeat: int = 5, with_msprobe: bool = False, venv: Path | None = None,
-        jobs: int | None = None) -> dict[str, Any]:
+        jobs: int | None = None, agent_python: str | None = None) -> dict[str, Any]:
+    """``agent_python``: the interpreter whose installed agent is timed (default: this one, the
+    development venv's editable install, whose import finder costs every start ~20 ms that a
+    wheel install does not)."""
+    py = agent_python or sys.executable
     res: dict[str, Any] = {"bench": "compare_msprobe", "date": common.now_iso(), "host": common.host_info(),
                            "load_average": os.getloadavg(),
                            "params": {"blocks": blocks, "repeat": repeat, "with_msprobe": with_msprobe, "jobs": jobs,
+                                      "agent_python": py,
                                       "d": D, "hidden": HIDDEN, "tokens": TOKENS, "drift_block": DRIFT_BLOCK},
                            "goal": {"speedup": GOAL_SPEEDUP, "cat_ratio": GOAL_CAT}}
     with tempfile.TemporaryDirectory(prefix="pa-cmp-") as tmp:
@@ -234,15 +245,16 @@ def run(blocks: int = 10, repeat: int = 5, with_msprobe: bool = False, venv: Pat
         on_disk = sum(os.path.getsize(f) for f in files) // 2
         res["params"].update(tensor_bytes_per_side=nbytes, bytes_per_side=on_disk,
                              files_per_side=len(list((tmpd / "bench").rglob("*.pt"))))
-        ours_cmd = [sys.executable, "-m", "precision_agent", "compare",
+        ours_cmd = [py, "-m", "precision_agent", "compare",
                     str(tmpd / "bench" / "step0"), str(tmpd / "target" / "step0"), "--json"]
         ours = Tool("ours", ours_cmd + (["--jobs", str(jobs)] if jobs else []), ok=(1,), keep_stdout=True)
         tools = [ours, Tool("ours_jobs1", ours_cmd + ["--jobs", "1"], ok=(1,)),
                  Tool("ours_numpy_kernels", ours_cmd + ["--jobs", "1"], ok=(1,), env=_env(PRECISION_AGENT_KERNELS="numpy")),
                  Tool("cat", ["cat", *files], ok=(0,)),    # both trees, from the page cache
                  # the floor under any Python compare: the interpreter's start, and numpy's import
-                 Tool("python_start", [sys.executable, "-c", "pass"], ok=(0,)),
-                 Tool("numpy_import", [sys.executable, "-c", "import numpy"], ok=(0,),
+                 Tool("python_start", [py, "-c", "pass"], ok=(0,)),
+                 Tool("ours_imports", [py, "-c", _IMPORTS], ok=(0,)),
+                 Tool("numpy_import", [py, "-c", "import numpy"], ok=(0,),
                       env=_env(OPENBLAS_NUM_THREADS="1"))]
         outdir = tmpd / "msprobe_out"
         if with_msprobe:
@@ -288,12 +300,14 @@ def report(res: dict[str, Any]) -> str:
     la = ", ".join(f"{x:.1f}" for x in res["load_average"])
     lines = [f"compare_msprobe: {p['bytes_per_side'] / common.MB:.1f} MB per side, {p['files_per_side']} .pt files, "
              f"interleaved best of {p['repeat']}, {res['host']['cpus_allowed']} CPUs, load average {la}",
+             f"  agent and floors run by {p.get('agent_python') or sys.executable}",
              f"  ours (precision-agent compare --json{' --jobs ' + str(p['jobs']) if p['jobs'] else ''}): "
              f"{o['best_s']:.3f} s wall, {o['best_cpu_s']:.3f} s CPU ({o['mb_per_s']:.0f} MB/s), "
              f"{o['pairs']} pairs, first diverging op {o['first_diverging_op']} "
              f"({'the planted one' if o['names_drift_op'] else 'NOT the planted one'})"]
     for key, label in (("ours_jobs1", "ours --jobs 1"), ("ours_numpy_kernels", "ours --jobs 1, PRECISION_AGENT_KERNELS=numpy"),
                        ("cat", "cat of both trees (page cache)"), ("python_start", "python -c pass (the interpreter's start)"),
+                       ("ours_imports", "our start: interpreter, compare's imports and parser, no work"),
                        ("numpy_import", "python -c 'import numpy'")):
         t = res[key]
         lines.append(f"  {label}: {t['best_s']:.3f} s wall, {t['best_cpu_s']:.3f} s CPU")
@@ -320,12 +334,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--with-msprobe", action="store_true",
                    help=f"also time msprobe compare ({MSPROBE}, {TORCH} into a throw-away venv)")
     p.add_argument("--venv", type=Path, default=None, help="keep and reuse msprobe's venv here")
+    p.add_argument("--agent-python", default=None, metavar="PYTHON",
+                   help="time the agent installed for this interpreter (e.g. a venv with a wheel install); "
+                        "default: this one")
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     q = args.quick
     return run(blocks=args.blocks or (2 if q else 10), repeat=args.repeat or (1 if q else 5),
-               with_msprobe=args.with_msprobe, venv=args.venv, jobs=args.jobs)
+               with_msprobe=args.with_msprobe, venv=args.venv, jobs=args.jobs, agent_python=args.agent_python)
 
 
 def main(argv: list[str] | None = None) -> int:
