@@ -21,6 +21,7 @@ from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..health import beat
 from ..dumps.msprobe import inf_extremes
+from ..dumps.torchzip import RAW_MAX_BYTES
 from ..dumps.types import DumpError, DumpTensor
 from ..fusion.suspect import CATALOGUE_ERROR_PATH, catalogue_error
 from ..model import TensorStats
@@ -157,10 +158,14 @@ def compare_pair(index: int, pair: Pair, preset: str, rerun: bool) -> Row:
     return row
 
 
+_RAW_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}   # what DumpTensor.raw can give, and its word size
+
+
 def _compare_raw(t: DumpTensor, b: DumpTensor) -> TensorDiff | None:
     """The pair's metrics from both sides' raw words (DumpTensor.raw), or None: load them."""
-    if t.raw is None or b.raw is None:
-        return None
+    if t.raw is None or b.raw is None or t.dtype not in _RAW_DTYPES or b.dtype not in _RAW_DTYPES \
+            or math.prod(t.shape) * _RAW_DTYPES[t.dtype] > RAW_MAX_BYTES:
+        return None   # raw() could not take it: no second parse of the file before load()
     rt = t.raw()
     rb = b.raw() if rt is not None else None
     # words read as bfloat16 exactly where the dump declares it, as compare_arrays reads them

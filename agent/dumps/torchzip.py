@@ -24,6 +24,7 @@ import os
 import pickle
 import re
 import stat
+import sys
 import zipfile
 from typing import NamedTuple
 
@@ -268,8 +269,8 @@ def _raw(fd: int, info: PtInfo) -> RawTensor | None:
     ref = info.ref
     count = math.prod(ref.size)
     nbytes = count * info.itemsize
-    if kind is None or info.code.startswith(">") or not count or not _contiguous(ref) \
-            or nbytes > RAW_MAX_BYTES or info.data_offset is None:
+    if kind is None or info.code.startswith(">") or sys.byteorder != "little" or not count \
+            or not _contiguous(ref) or nbytes > RAW_MAX_BYTES or info.data_offset is None:
         return None
     first = info.data_offset + ref.offset * info.itemsize
     start = first - first % mmap.ALLOCATIONGRANULARITY

@@ -40,7 +40,7 @@ class DumpTensor:
 @dataclass(frozen=True, slots=True)
 class RawTensor:
     """A tensor's elements in C order as one flat buffer of native words, read without numpy
-    (compare/engine.py gives it to the C kernel whole: kernels/compare_c.compare_raw)."""
+    (compare/engine.py gives it to the C kernel whole: compare/metrics.compare_raw, kernels/compare_raw.py)."""
 
     words: memoryview          # 1-D; format "f" for float32, "H" for float16 and bfloat16 words
     code: str                  # "f4" | "f2" | "bf16"

@@ -185,9 +185,11 @@ def _rowdot_loop(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise dots: ``np.vecdot`` (numpy >= 2.0), else one ``np.dot`` per row."""
-    vecdot = getattr(np, "vecdot", None)
-    return vecdot(a, b) if vecdot is not None else _rowdot_loop(a, b)
+    """Row-wise dots: ``np.vecdot`` (numpy >= 2.0), else one ``np.dot`` per row (chosen on the
+    first call: numpy is imported lazily)."""
+    global _rowdot
+    _rowdot = getattr(np, "vecdot", None) or _rowdot_loop
+    return _rowdot(a, b)
 
 
 def _zero_nonfinite(v: np.ndarray) -> int:

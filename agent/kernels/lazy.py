@@ -3,7 +3,7 @@
 numpy's import is the largest part of a one-shot command's start (0.09-0.16 s on the 2-core CI
 host, two to three times what ``cat`` needs to read a 90 MB dump pair from the page cache), and
 ``compare`` needs none of numpy for a float pair that the C kernel reads whole
-(:func:`.compare_c.compare_raw`). The modules on that path bind ``np`` to :data:`np` below: the
+(:func:`.compare_raw.passes`). The modules on that path bind ``np`` to :data:`np` below: the
 first attribute read imports numpy (under the import lock, so two threads importing at once get
 one module) and keeps the attribute on the proxy, so a later read is a plain instance lookup, as
 fast as a module's. The daemon and every other command import numpy anyway; for them nothing

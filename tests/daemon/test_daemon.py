@@ -53,6 +53,8 @@ def test_alert_fires_survives_restart_without_refiring_or_losing_lines(dirs):
         write_megatron(log, 61, 62, scale="2048.0")  # the scale recovers: the state-like alert resolves
         wait_for(lambda: agent2.metric("precision_agent_alerts", alertname="LossScaleAtFloor") is None,
                  what="alert resolved")
+        # the counter settles at 5 + 2: a line read twice after the restart would overshoot it
+        wait_for(lambda: agent2.metric("precision_agent_log_lines_read_total") == 7, what="lines 61-62 counted")
         assert agent2.stop() == 0
     finally:
         agent2.kill()
