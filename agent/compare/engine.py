@@ -21,7 +21,6 @@ from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..health import beat
 from ..dumps.msprobe import inf_extremes
-from ..dumps.torchzip import RAW_MAX_BYTES
 from ..dumps.types import DumpError, DumpTensor
 from ..fusion.suspect import CATALOGUE_ERROR_PATH, catalogue_error
 from ..model import TensorStats
@@ -106,7 +105,7 @@ def _stats_of(t: DumpTensor) -> TensorStats:
     if t.load is None and t.stats is not None:
         return t.stats
     raw = t.raw() if t.raw is not None else None
-    if raw is not None and (raw.code == "bf16") == (t.dtype == "bfloat16"):   # words as scan would read them
+    if raw is not None:
         from ..dumps.scanner import scan_words   # only for the tensors a verdict names
         s = scan_words(raw.words, raw.code, t.dtype, raw.shape, name=t.name, io=t.io, index=t.index)
         if s is not None:
@@ -158,21 +157,13 @@ def compare_pair(index: int, pair: Pair, preset: str, rerun: bool) -> Row:
     return row
 
 
-_RAW_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}   # what DumpTensor.raw can give, and its word size
-
-
 def _compare_raw(t: DumpTensor, b: DumpTensor) -> TensorDiff | None:
     """The pair's metrics from both sides' raw words (DumpTensor.raw), or None: load them."""
-    if t.raw is None or b.raw is None or t.dtype not in _RAW_DTYPES or b.dtype not in _RAW_DTYPES \
-            or math.prod(t.shape) * _RAW_DTYPES[t.dtype] > RAW_MAX_BYTES:
-        return None   # raw() could not take it: no second parse of the file before load()
+    if t.raw is None or b.raw is None:
+        return None
     rt = t.raw()
     rb = b.raw() if rt is not None else None
-    # words read as bfloat16 exactly where the dump declares it, as compare_arrays reads them
-    if rt is None or rb is None or (rt.code == "bf16") != (t.dtype == "bfloat16") \
-            or (rb.code == "bf16") != (b.dtype == "bfloat16"):
-        return None
-    return compare_raw(rt, rb)
+    return compare_raw(rt, rb) if rt is not None and rb is not None else None
 
 
 def _judged(d: TensorDiff, tol: float, preset: str, rerun: bool, t: DumpTensor) -> bool:

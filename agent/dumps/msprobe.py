@@ -35,7 +35,7 @@ from ..kernels.lazy import np   # numpy on first use (kernels/lazy.py)
 
 from ..model import TensorStats
 from .npy import read_npy
-from .torchzip import inspect_pt, open_pt, open_pt_raw, pt_region
+from .torchzip import inspect_pt, open_pt, open_pt_raw, pt_region, raw_may_take
 from ..safeio import open_regular_file
 from .types import DumpError, DumpTensor, FileRegion, RawTensor, ZipRegion
 
@@ -148,11 +148,14 @@ def _loader(path: str, shape: tuple[int, ...]) -> Callable[[], np.ndarray]:
     return load
 
 
-def _raw(path: str, shape: tuple[int, ...]) -> Callable[[], RawTensor | None]:
-    """The .pt's words for the compare's C kernel (None: ``load`` reads it, or says what is wrong)."""
+def _raw(path: str, shape: tuple[int, ...], dtype: str) -> Callable[[], RawTensor | None]:
+    """The .pt's words for the compare's C kernel (None: ``load`` reads it, or says what is wrong),
+    taken as bfloat16 exactly where the dump declares it, as ``load``'s array is read."""
+    bf16 = dtype == "bfloat16"
+
     def raw() -> RawTensor | None:
         got = open_pt_raw(path)
-        return got if got is not None and tuple(got.shape) == shape else None
+        return got if got is not None and tuple(got.shape) == shape and (got.code == "bf16") == bf16 else None
     return raw
 
 
@@ -247,7 +250,7 @@ def _tensor(item: dict, key: str, slot: str, io: str, index: int, arg: str, orde
         extra["data_name"] = data_name
         path = os.path.join(data_dir, data_name)
         load, region = _loader(path, shape), _region(path, shape)
-        raw = _raw(path, shape) if data_name.endswith(".pt") else None
+        raw = _raw(path, shape, dtype) if data_name.endswith(".pt") and raw_may_take(dtype, shape) else None
     stats = _stats_from_item(item, key, io, index, dtype, shape, step, rank, path)
     return DumpTensor(name=key, io=io, index=index, dtype=dtype, shape=shape, order=order,
                       step=step, rank=rank, path=path, op_type=op_type, load=load, stats=stats,

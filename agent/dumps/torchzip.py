@@ -183,8 +183,15 @@ class PtInfo(NamedTuple):
 
 
 _ITEMSIZE = {"f4": 4, "f8": 8, "f2": 2, "u2": 2, "i8": 8, "i4": 4, "i2": 2, "i1": 1, "u1": 1, "?": 1, "c8": 8, "c16": 16}
-# the C compare kernel's words (kernels/compare_c.py): reported dtype -> (RawTensor code, memoryview format)
-_RAW_KINDS = {"float32": ("f4", "f"), "float16": ("f2", "H"), "bfloat16": ("bf16", "H")}
+# the C compare kernel's words (kernels/compare_c.py): reported dtype -> (RawTensor code, memoryview format, size)
+_RAW_KINDS = {"float32": ("f4", "f", 4), "float16": ("f2", "H", 2), "bfloat16": ("bf16", "H", 2)}
+
+
+def raw_may_take(dtype: str, shape: tuple[int, ...]) -> bool:
+    """Whether :func:`open_pt_raw` can give a tensor declared ``dtype`` and ``shape`` (the file
+    still decides): asked before any file is opened."""
+    kind = _RAW_KINDS.get(dtype)
+    return kind is not None and math.prod(shape) * kind[2] <= RAW_MAX_BYTES
 
 
 def inspect_pt(path: str | os.PathLike, *, max_members: int = 64,

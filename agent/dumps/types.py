@@ -32,8 +32,9 @@ class DumpTensor:
     # a plain stretch of a file, or a deflated zip member streamed in bounded chunks. None: the
     # scanner uses ``load`` (strided views, statistics-only dumps)
     region: "Callable[[], FileRegion | ZipRegion | None] | None" = None
-    # the data as flat native words for the compare's C kernel, without numpy (RawTensor), or None
-    # where it has no such form (another dtype, a strided view, big-endian): ``load`` then
+    # the data as flat native words for the compare's C kernel, without numpy (RawTensor), read as
+    # ``load``'s array is (bfloat16 where ``dtype`` says so); None where it has no such form
+    # (another dtype, a strided view, big-endian, too large): ``load`` then
     raw: "Callable[[], RawTensor | None] | None" = None
 
 

@@ -71,10 +71,7 @@ def test_a_removed_and_recreated_root_is_watched_again(tmp_path):
         shutil.rmtree(root)
         wait_for(lambda: str(root) not in w._live_targets(), what="the removed root's inotify watch ended")
         root.mkdir()
-        w.schedule_missing()            # (every resync)
-        assert w.modes[str(root)] == "inotify"
-        (root / "b.log").write_text("line\n")
-        wait_for(lambda: str(root / "b.log") in paths, what="events from the new watch")
+        _watched_again(w, root, paths)
     finally:
         w.stop()
 
@@ -88,12 +85,17 @@ def test_a_root_replaced_by_a_rename_is_watched_again(tmp_path):
     try:
         root.rename(tmp_path / "logs.old")
         root.mkdir()
-        w.schedule_missing()            # (every resync)
-        assert w.modes[str(root)] == "inotify"
-        (root / "b.log").write_text("line\n")
-        wait_for(lambda: str(root / "b.log") in paths, what="events from the new directory")
+        _watched_again(w, root, paths)
     finally:
         w.stop()
+
+
+def _watched_again(w, root, paths) -> None:
+    """After the next resync the new directory at ``root`` is watched: a file written there is seen."""
+    w.schedule_missing()            # (every resync)
+    assert w.modes[str(root)] == "inotify"
+    (root / "b.log").write_text("line\n")
+    wait_for(lambda: str(root / "b.log") in paths, what="events from the new directory's watch")
 
 
 def _agent(tmp_path, **kw):
