@@ -38,6 +38,10 @@ class AlertBook:
         # every series it judges, and a clear of a rule without an open alert for those labels
         # (nearly all of them) is answered here without hashing (``model.fingerprint``) the labels
         self._open: dict[str, dict[Labels, str]] = {}
+        # alerts that time alone may change (``tick`` visits only these): a firing alert of a
+        # state kind, not cleared, waits for its detector's hit or clear, however many there are
+        self._due: set[str] = set()
+        self._rules_seen: dict[str, Rule] | None = None   # the rules of the last tick
 
     # -- inputs ------------------------------------------------------------------------------
     def hit(self, rule: Rule, finding: Finding) -> tuple[Alert, bool]:
@@ -68,6 +72,7 @@ class AlertBook:
         self._cleared.pop(fp, None)
         a.finding.pop(MEMORY_LOST, None)  # the detector knows the state again
         self.dirty.add(fp)
+        self._due.add(fp)
         self._promote(a, rule, now)
         return a, onset
 
@@ -82,31 +87,46 @@ class AlertBook:
             self._drop(fp)
             return
         self._cleared.setdefault(fp, now)
+        self._due.add(fp)
         self._maybe_resolve(a, rule, now)
 
     def tick(self, rules_by_name: dict[str, Rule], now: float) -> None:
-        """Time-driven changes: for: elapsed, resolve_after elapsed, retention of resolved."""
-        for fp, a in list(self.alerts.items()):
-            rule = rules_by_name.get(a.rule)
-            if a.state == AlertState.RESOLVED:
-                if a.resolved_at is not None and now - a.resolved_at > RESOLVED_RETENTION_S:
-                    self._drop(fp)
-                continue
-            if rule is None:  # its rule was removed: resolve rather than fire forever
-                self._resolve(a, now)
-                continue
-            lost = a.finding.get(MEMORY_LOST)
-            lost = lost if type(lost) in (int, float) else None
-            if ((not rule.detector.stateful or lost is not None)
-                    and now - max(a.last_seen, lost or 0.0) >= rule.resolve_after):
-                if a.state == AlertState.PENDING:
-                    self._drop(fp)
-                    continue
-                self._cleared.setdefault(fp, max(a.last_seen, lost or 0.0) + rule.resolve_after)
+        """Time-driven changes: for: elapsed, resolve_after elapsed, retention of resolved. Visits
+        the alerts time may change; after a rule reload (a new ``rules_by_name``) every one once."""
+        if rules_by_name is not self._rules_seen:
+            self._rules_seen = rules_by_name
+            self._due.update(self.alerts)
+        due = self._due
+        for fp in [fp for fp in self.alerts if fp in due]:   # in the alerts' order, as a full pass
+            a = self.alerts.get(fp)
+            if a is None or not self._tick_one(fp, a, rules_by_name.get(a.rule), now):
+                due.discard(fp)
+
+    def _tick_one(self, fp: str, a: Alert, rule: Rule | None, now: float) -> bool:
+        """One alert's time-driven change; whether time alone may still change it (else only a
+        hit, a clear or a reload will)."""
+        if a.state == AlertState.RESOLVED:
+            if a.resolved_at is not None and now - a.resolved_at > RESOLVED_RETENTION_S:
+                self._drop(fp)
+                return False
+            return True
+        if rule is None:  # its rule was removed: resolve rather than fire forever
+            self._resolve(a, now)
+            return True
+        lost = a.finding.get(MEMORY_LOST)
+        lost = lost if type(lost) in (int, float) else None
+        if ((not rule.detector.stateful or lost is not None)
+                and now - max(a.last_seen, lost or 0.0) >= rule.resolve_after):
             if a.state == AlertState.PENDING:
-                self._promote(a, rule, now)
-            elif fp in self._cleared:
-                self._maybe_resolve(a, rule, now)
+                self._drop(fp)
+                return False
+            self._cleared.setdefault(fp, max(a.last_seen, lost or 0.0) + rule.resolve_after)
+        if a.state == AlertState.PENDING:
+            self._promote(a, rule, now)
+        elif fp in self._cleared:
+            self._maybe_resolve(a, rule, now)
+        return (a.state != AlertState.FIRING or not rule.detector.stateful or lost is not None
+                or fp in self._cleared)
 
     # -- outputs -----------------------------------------------------------------------------
     def committed(self) -> None:
@@ -127,6 +147,7 @@ class AlertBook:
             if old is not None:
                 self._closed(old)
             self.alerts[a.fingerprint] = a
+            self._due.add(a.fingerprint)
             if a.state != AlertState.RESOLVED and a.fingerprint == fingerprint(a.rule, identity(a.labels)):
                 self._opened(a)  # (a row whose fingerprint is not its labels' was never cleared)
 
@@ -138,7 +159,9 @@ class AlertBook:
     def restore_cleared(self, data: object) -> None:
         if not isinstance(data, dict) or not all(isinstance(v, (int, float)) for v in data.values()):
             raise ValueError("expected {fingerprint: time}")
-        self._cleared.update({str(k): float(v) for k, v in data.items() if k in self.alerts})
+        restored = {str(k): float(v) for k, v in data.items() if k in self.alerts}
+        self._cleared.update(restored)
+        self._due.update(restored)
 
     def memory_lost(self, name: str, now: float) -> None:
         """The rule's stored memory was unreadable (a damaged row): its detector starts empty and
@@ -149,6 +172,7 @@ class AlertBook:
             if a.rule == name and a.state != AlertState.RESOLVED:
                 a.finding[MEMORY_LOST] = now
                 self.dirty.add(fp)
+                self._due.add(fp)
 
     def resolve_rule(self, name: str, now: float) -> None:
         """The rule's detector lost its memory (edited, or unreadable memory): a stateful alert
@@ -191,6 +215,7 @@ class AlertBook:
         a.resolved_at = now
         self._cleared.pop(a.fingerprint, None)
         self.dirty.add(a.fingerprint)
+        self._due.add(a.fingerprint)   # kept RESOLVED_RETENTION_S, then dropped
         self._transitions.append(Transition(a, old, AlertState.RESOLVED))
 
     def _drop(self, fp: str) -> None:
@@ -198,6 +223,7 @@ class AlertBook:
         if a is not None:
             self._closed(a)
         self._cleared.pop(fp, None)
+        self._due.discard(fp)
         self.dirty.discard(fp)
         self.deleted.add(fp)
         if a is not None and a.state == AlertState.PENDING:

@@ -166,3 +166,53 @@ def test_a_rule_with_its_own_suspect_label_clears(tmp_path):
     p.process([sample(LOSS_SCALE, 1024.0, 101.0, 2)])
     p.tick(200.0)
     assert states(p) == {"Floor": AlertState.RESOLVED}
+
+
+def test_tick_visits_only_alerts_time_may_change_and_decides_as_a_full_pass(tmp_path):
+    """The alert book ticks only alerts whose state time alone may change (engine/alerts.py): a
+    firing alert of a state kind waits for its detector. Decided exactly as a tick over every
+    alert, through random hits, clears, ticks and lost memory over many series."""
+    import random
+
+    rng = random.Random(7)
+    fast, full = pipeline(tmp_path), pipeline(tmp_path)
+    runs = [(("run", f"r{i}"),) for i in range(12)]
+    t = 100.0
+    for op in range(1500):
+        t += rng.choice((0.5, 1.0, 3.0, 7.0))
+        kind = rng.random()
+        if kind < 0.55:
+            run = rng.choice(runs)
+            metric, value = rng.choice([(LOSS_SCALE, 1.0), (LOSS_SCALE, 0.5), (LOSS_SCALE, 1024.0),
+                                        (LOSS_SCALE, 2.0), (GRAD_NORM, float("nan")), (GRAD_NORM, 1.0)])
+            batch = [Sample(run, metric, value, op, SourcePos("x.log", op + 1), t)]
+            fast.process(batch)
+            full.process(list(batch))
+        elif kind < 0.97:
+            full.alerts._rules_seen = None   # the reference: every alert visited on each tick
+            fast.tick(t)
+            full.tick(t)
+        else:
+            fast.alerts.memory_lost("Floor", t)
+            full.alerts.memory_lost("Floor", t)
+        got = {fp: (a.state, a.last_seen, a.resolved_at) for fp, a in fast.alerts.alerts.items()}
+        want = {fp: (a.state, a.last_seen, a.resolved_at) for fp, a in full.alerts.alerts.items()}
+        assert got == want, op
+        assert ([(tr.alert.fingerprint, tr.old, tr.new) for tr in fast.alerts.drain_transitions()]
+                == [(tr.alert.fingerprint, tr.old, tr.new) for tr in full.alerts.drain_transitions()]), op
+    assert {a.state for a in fast.alerts.alerts.values()} >= {AlertState.FIRING, AlertState.RESOLVED}
+
+
+def test_firing_alerts_of_a_state_kind_leave_the_tick(tmp_path):
+    p = pipeline(tmp_path)
+    runs = [(("run", f"r{i}"),) for i in range(200)]
+    for run in runs:
+        p.process([Sample(run, LOSS_SCALE, 2.0, 0, SourcePos("x.log", 1), 99.0),
+                   Sample(run, LOSS_SCALE, 1.0, 1, SourcePos("x.log", 2), 100.0)])
+    p.tick(120.0)   # for: 10s has passed: all fire, and none has anything left for time to do
+    assert [a.state for a in p.alerts.alerts.values()] == [AlertState.FIRING] * 200
+    assert not p.alerts._due
+    p.process([Sample(runs[0], LOSS_SCALE, 1024.0, 2, SourcePos("x.log", 3), 121.0)])   # cleared
+    assert len(p.alerts._due) == 1
+    p.tick(127.0)   # keep_firing_for: 5s
+    assert p.alerts.alerts[fingerprint("Floor", runs[0] + (("severity", "page"),))].state == AlertState.RESOLVED
