@@ -14,11 +14,12 @@ import logging
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..model import json_safe
+from . import exposition
 from .httpserver import HttpServer, ServerLimits
 from .webconfig import BasicAuth, RateLimit, WebConfig, is_loopback
 
@@ -74,7 +75,7 @@ class HttpExporter:
     def __init__(self, host: str, port: int, registry: CollectorRegistry, alerts: AlertsFn,
                  status: StatusFn, ready: Callable[[], bool], routes: dict[str, StatusFn] | None = None,
                  limits: ServerLimits | None = None, web: WebConfig | None = None) -> None:
-        metrics_app = make_wsgi_app(registry)
+        metrics_app = exposition.metrics_app(registry)
         routes = dict(routes or {})
 
         def app(environ: dict[str, Any], start_response) -> Iterable[bytes]:

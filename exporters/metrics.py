@@ -18,6 +18,7 @@ from ..dumps.cache import CAUSES
 from ..health import Health
 from ..model import EVAL_LOSS, GRAD_NORM, LEARNING_RATE, LOSS, LOSS_SCALE, Labels
 from ..engine.pipeline import Pipeline
+from .exposition import RowFamily
 from .. import __version__, kernels
 
 P = "precision_agent_"
@@ -35,9 +36,9 @@ def label_keys(label_sets: Iterable[Labels]) -> list[str]:
     return sorted(keys)
 
 
-def label_values(labels: Labels, keys: list[str]) -> list[str]:
+def label_values(labels: Labels, keys: list[str]) -> tuple[str, ...]:
     d = dict(labels)
-    return [d.get(k, "") for k in keys]
+    return tuple(d.get(k, "") for k in keys)
 
 
 # catching up on followed logs, and the descriptors it holds (readers/following.py, daemon/fdlimit.py)
@@ -173,55 +174,55 @@ class AgentCollector(Collector):
         yield c
 
     def _training(self, series: list) -> Iterator[Metric]:
+        # row families: their label strings are kept between scrapes (exporters/exposition.py)
         keys = label_keys(s[0] for s in series)
         for metric, name, help_ in _GAUGES:
-            g = GaugeMetricFamily(P + name, help_, labels=keys)
+            g = RowFamily(P + name, help_, "gauge", keys)
             for labels, last, *_ in series:
                 if metric in last:
-                    g.add_metric(label_values(labels, keys), last[metric])
+                    g.add(label_values(labels, keys), last[metric])
             yield g
-        g = GaugeMetricFamily(P + "training_step", "Last training step seen.", labels=keys)
-        u = GaugeMetricFamily(P + "training_last_update_timestamp_seconds",
-                              "When the agent last read a record of this series.", labels=keys)
-        ov = CounterMetricFamily(P + "training_overflow_steps",
-                                 "Logical overflow (skipped) steps, deduplicated across ranks.", labels=keys)
-        dec = CounterMetricFamily(P + "training_loss_scale_decreases", "Observed loss-scale decreases.",
-                                  labels=keys)
-        rec = CounterMetricFamily(P + "training_samples", "Values read for this series (a record holds several).",
-                                  labels=keys)
-        nf = CounterMetricFamily(P + "training_nonfinite_values", "NaN/Inf values or messages by metric.",
-                                 labels=keys + ["metric"])
-        first = GaugeMetricFamily(P + "training_first_nonfinite_step",
-                                  "Step of the series' first NaN/Inf of the current attempt (no scaler's skipped "
-                                  "step); the lowest across the ranks of a run names where an incident started.",
-                                  labels=keys)
-        first_t = GaugeMetricFamily(P + "training_first_nonfinite_timestamp_seconds",
-                                    "When that first NaN/Inf happened (the line's time stamp where it has one).",
-                                    labels=keys)
+        g = RowFamily(P + "training_step", "Last training step seen.", "gauge", keys)
+        u = RowFamily(P + "training_last_update_timestamp_seconds",
+                      "When the agent last read a record of this series.", "gauge", keys)
+        ov = RowFamily(P + "training_overflow_steps",
+                       "Logical overflow (skipped) steps, deduplicated across ranks.", "counter", keys)
+        dec = RowFamily(P + "training_loss_scale_decreases", "Observed loss-scale decreases.", "counter", keys)
+        rec = RowFamily(P + "training_samples", "Values read for this series (a record holds several).",
+                        "counter", keys)
+        nf = RowFamily(P + "training_nonfinite_values", "NaN/Inf values or messages by metric.", "counter",
+                       keys + ["metric"])
+        first = RowFamily(P + "training_first_nonfinite_step",
+                          "Step of the series' first NaN/Inf of the current attempt (no scaler's skipped "
+                          "step); the lowest across the ranks of a run names where an incident started.",
+                          "gauge", keys)
+        first_t = RowFamily(P + "training_first_nonfinite_timestamp_seconds",
+                            "When that first NaN/Inf happened (the line's time stamp where it has one).",
+                            "gauge", keys)
         for labels, last, step, overflow, decreases, nonfinite, records, updated, nf_step, nf_time in series:
             vals = label_values(labels, keys)
             if nf_step is not None:
-                first.add_metric(vals, nf_step)
+                first.add(vals, nf_step)
             if nf_time is not None:
-                first_t.add_metric(vals, nf_time)
+                first_t.add(vals, nf_time)
             if step is not None:
-                g.add_metric(vals, step)
-            u.add_metric(vals, updated)
-            ov.add_metric(vals, overflow)
-            dec.add_metric(vals, decreases)
-            rec.add_metric(vals, records)
+                g.add(vals, step)
+            u.add(vals, updated)
+            ov.add(vals, overflow)
+            dec.add(vals, decreases)
+            rec.add(vals, records)
             for m in (LOSS, GRAD_NORM):
                 nonfinite.setdefault(m, 0)
             for m, n in sorted(nonfinite.items()):
-                nf.add_metric(vals + [m], n)
+                nf.add(vals + (m,), n)
         yield from (g, u, ov, dec, rec, nf, first, first_t)
 
     def _alerts(self, alerts: list, findings: dict[str, int]) -> Iterator[Metric]:
         keys = [k for k in label_keys(a[2] for a in alerts) if k not in ("alertname", "alertstate")]
-        g = GaugeMetricFamily(P + "alerts", "Active alerts, in the shape of Prometheus' ALERTS series.",
-                              labels=["alertname", "alertstate"] + keys)
+        g = RowFamily(P + "alerts", "Active alerts, in the shape of Prometheus' ALERTS series.", "gauge",
+                      ["alertname", "alertstate"] + keys)
         for rule, state, labels in alerts:
-            g.add_metric([rule, state] + label_values(labels, keys), 1)
+            g.add((rule, state, *label_values(labels, keys)), 1)
         yield g
         c = CounterMetricFamily(P + "findings", "Detector findings by rule.", labels=["alertname"])
         for rule, n in sorted(findings.items()):
