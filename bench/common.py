@@ -120,10 +120,18 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 
 # -- HTTP ------------------------------------------------------------------------------------------
-def http_get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+# what Prometheus 3 sends with each scrape (its default scrape_protocols), and it takes gzip
+PROMETHEUS_SCRAPE_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+              "text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+
+
+def http_get(port: int, path: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        conn.request("GET", path)
+        conn.request("GET", path, headers=headers or {})
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -223,6 +231,13 @@ class AgentProcess:
         if status != 200:
             raise AgentError(f"/metrics answered {status}")
         return body.decode("utf-8", "replace")
+
+    def scrape(self) -> int:
+        """One scrape as Prometheus makes it (OpenMetrics, gzip): the bytes that crossed the wire."""
+        status, body = http_get(self.port, "/metrics", headers=PROMETHEUS_SCRAPE_HEADERS)
+        if status != 200:
+            raise AgentError(f"/metrics answered {status}")
+        return len(body)
 
     def sample(self) -> ProcSample:
         return proc_sample(self.pid)

@@ -6,8 +6,8 @@ reads ``/proc/<pid>/stat`` (utime+stime, all threads) and ``/proc/<pid>/status``
 Threads) once a second for ``duration`` seconds, with no writes and no scrapes. The window
 usually contains one periodic resync (every 30 s by default), as real life does.
 
-A second window does the same while a Prometheus-like scraper GETs ``/metrics`` every
-``scrape_interval`` seconds; the difference to the idle rate, per scrape, is the cost of a scrape.
+A second window does the same while a scraper GETs ``/metrics`` as Prometheus 3 does (its
+Accept header, which gets OpenMetrics, and gzip) every ``scrape_interval`` seconds; the difference to the idle rate, per scrape, is the cost of a scrape.
 
 Goals: CPU < 1 % of one core, RSS < 100 MB (10^6 bytes).
 """
@@ -28,11 +28,14 @@ GOAL_CPU_PERCENT = 1.0
 GOAL_RSS_MB = 100.0
 
 
-def _make_logs(d: Path, files: int, lines: int) -> int:
+def _make_logs(d: Path, files: int, lines: int, stuck: bool = False) -> int:
+    """Healthy runs (the loss falls 0.5 % a step), or with ``stuck`` a loss that barely moves
+    (1e-4 a step): then each file's series fires TrainingLossStuck once 70 lines are read."""
     t0 = time.time() - 3600
     for i in range(files):
         with open(d / f"rank{i:03d}.log", "w", encoding="utf-8") as f:
-            f.write("".join(common.megatron_line(k + 1, 6.0 - k * 1e-4, t0 + k) for k in range(lines)))
+            f.write("".join(common.megatron_line(k + 1, 6.0 - k * 1e-4 if stuck else 6.0 * 0.995 ** k, t0 + k)
+                            for k in range(lines)))
     return files * lines
 
 
@@ -58,7 +61,7 @@ def _window(agent: common.AgentProcess, duration: float, scrape_interval: float 
             break
         if now >= next_scrape:
             s = time.monotonic()
-            body_bytes = len(agent.metrics().encode())
+            body_bytes = agent.scrape()
             scrape_s.append(time.monotonic() - s)
             scrapes += 1
             next_scrape += scrape_interval  # type: ignore[operator]
@@ -97,11 +100,11 @@ def _window(agent: common.AgentProcess, duration: float, scrape_interval: float 
 
 def run(files: int = 20, lines: int = 200, duration: float = 30.0, scrape_interval: float = 15.0,
         scrape_duration: float = 60.0, settle: float = 2.0, scrape_burst: int = 200,
-        quick: bool = False) -> dict[str, Any]:
+        quick: bool = False, stuck: bool = False) -> dict[str, Any]:
     # the files exist before the agent starts: "already there, already read"
     with tempfile.TemporaryDirectory(prefix="precision-agent-bench-logs-") as d:
         watch = Path(d)
-        expected = _make_logs(watch, files, lines)
+        expected = _make_logs(watch, files, lines, stuck)
         with common.AgentProcess(watch) as agent:
             ready_sample = agent.sample()
             # the first pass over 10,000 files on a busy 2-core host can take minutes
@@ -138,7 +141,7 @@ def run(files: int = 20, lines: int = 200, duration: float = 30.0, scrape_interv
                 time.sleep(0.5)
                 a = agent.sample()
                 for _ in range(scrape_burst):
-                    agent.metrics()
+                    agent.scrape()
                 b = agent.sample()
                 per = (b.cpu_s - a.cpu_s) / scrape_burst
                 burst = {"scrapes": scrape_burst, "wall_s": b.t - a.t, "cpu_seconds": b.cpu_s - a.cpu_s,
@@ -157,7 +160,7 @@ def run(files: int = 20, lines: int = 200, duration: float = 30.0, scrape_interv
         "agent_config": common.agent_defaults(),
         "params": {"files": files, "lines_per_file": lines, "duration_s": duration, "settle_s": settle,
                    "scrape_interval_s": scrape_interval, "scrape_duration_s": scrape_duration,
-                   "scrape_burst": scrape_burst},
+                   "scrape_burst": scrape_burst, "stuck": stuck},
         "goal": {"cpu_percent_of_core": GOAL_CPU_PERCENT, "rss_mb": GOAL_RSS_MB},
         "startup_s": startup,
         "stop_s": agent.stop_s,
@@ -175,7 +178,8 @@ def run(files: int = 20, lines: int = 200, duration: float = 30.0, scrape_interv
 def report(res: dict[str, Any]) -> str:
     i, p = res["idle"], res["params"]
     r = res["ratios"]
-    lines = [f"idle: {p['files']} fully read log files, no writes   ({res['date']}, "
+    lines = [f"idle: {p['files']} fully read log files{' (every one alerting)' if p.get('stuck') else ''},"
+             f" no writes   ({res['date']}, "
              f"{res['host']['cpus']} CPUs, agent {res['host']['agent_version']})",
              f"  agent start to ready {res['startup_s']:.2f} s; RSS at ready {res['rss_mb_at_ready']:.1f} MB",
              f"  no scrapes, {i['duration_s']:.1f} s: CPU {i['cpu_percent_of_core']:.3f} % of a core"
@@ -189,7 +193,8 @@ def report(res: dict[str, Any]) -> str:
              f"      peak {common.ratio_text(i['hwm_mb'], GOAL_RSS_MB, ' MB')}   threads {i['threads']}"]
     s = res.get("scraping")
     if s:
-        lines.append(f"  scraped every {s['scrape_interval_s']:g} s ({s['scrapes']} scrapes of {s['metrics_bytes']} B,"
+        lines.append(f"  scraped as Prometheus does (OpenMetrics, gzip) every {s['scrape_interval_s']:g} s"
+                     f" ({s['scrapes']} scrapes of {s['metrics_bytes']} B gzipped,"
                      f" median {s['scrape_median_s'] * 1000:.1f} ms), {s['duration_s']:.1f} s:"
                      f" CPU {s['cpu_percent_of_core']:.3f} % of a core"
                      f" (ratio {s['cpu_percent_of_core'] / GOAL_CPU_PERCENT:.3f})")
@@ -211,6 +216,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scrape-interval", type=float, default=None, help="s between scrapes (default 15, quick 2.5)")
     p.add_argument("--scrape-duration", type=float, default=None,
                    help="scraping window, s; 0 skips it (default 60, quick 5)")
+    p.add_argument("--stuck", action="store_true",
+                   help="every file's loss barely moves: one firing TrainingLossStuck alert per file")
     p.add_argument("--scrape-burst", type=int, default=None,
                    help="back-to-back scrapes to measure one scrape's CPU; 0 skips (default 200, quick 50)")
 
@@ -222,7 +229,7 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
                scrape_interval=args.scrape_interval if args.scrape_interval is not None else (2.5 if q else 15.0),
                scrape_duration=args.scrape_duration if args.scrape_duration is not None else (5.0 if q else 60.0),
                scrape_burst=args.scrape_burst if args.scrape_burst is not None else (50 if q else 200),
-               settle=1.0 if q else 2.0, quick=q)
+               settle=1.0 if q else 2.0, quick=q, stuck=args.stuck)
 
 
 def main(argv: list[str] | None = None) -> int:
