@@ -54,6 +54,9 @@ class RowFamily(Metric):
             raise ValueError("label values do not match the label names")
         self.rows.append((tuple(values), value))
 
+    def add_sample(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a RowFamily takes its samples through add()")
+
     @property  # type: ignore[override]
     def samples(self) -> list[Sample]:
         name, keys = self.sample_name, self.label_names

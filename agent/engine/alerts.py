@@ -92,7 +92,8 @@ class AlertBook:
 
     def tick(self, rules_by_name: dict[str, Rule], now: float) -> None:
         """Time-driven changes: for: elapsed, resolve_after elapsed, retention of resolved. Visits
-        the alerts time may change; after a rule reload (a new ``rules_by_name``) every one once."""
+        the alerts time may change; after a rule reload every one once. A reload is seen as a new
+        ``rules_by_name`` object (Pipeline.set_rules builds one): never change it in place."""
         if rules_by_name is not self._rules_seen:
             self._rules_seen = rules_by_name
             self._due.update(self.alerts)

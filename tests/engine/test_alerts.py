@@ -216,3 +216,19 @@ def test_firing_alerts_of_a_state_kind_leave_the_tick(tmp_path):
     assert len(p.alerts._due) == 1
     p.tick(127.0)   # keep_firing_for: 5s
     assert p.alerts.alerts[fingerprint("Floor", runs[0] + (("severity", "page"),))].state == AlertState.RESOLVED
+
+
+def test_a_firing_alert_of_a_state_kind_resolves_when_its_rule_is_removed(tmp_path):
+    """A firing, uncleared alert of a state kind has left the tick's set; a rule reload
+    (Pipeline.set_rules gives the tick a new table of rules) visits it again."""
+    p = pipeline(tmp_path)
+    p.process([sample(LOSS_SCALE, 2.0, 99.0, 0), sample(LOSS_SCALE, 1.0, 100.0)])
+    p.tick(120.0)
+    assert states(p) == {"Floor": AlertState.FIRING} and not p.alerts._due
+    p.tick(130.0)
+    assert states(p) == {"Floor": AlertState.FIRING}
+    (tmp_path / "r.yml").write_text(textwrap.dedent(RULES).split("      - alert: NaN")[0].replace(
+        "alert: Floor", "alert: Floor2"))
+    p.set_rules(load_rules([tmp_path]))
+    p.tick(131.0)
+    assert states(p) == {"Floor": AlertState.RESOLVED}

@@ -97,6 +97,8 @@ def test_row_family_reads_as_the_plain_family() -> None:
         row.add(("only one",), 1)
     with pytest.raises(ValueError):
         RowFamily("precision_agent_x", "x", "histogram", [])
+    with pytest.raises(TypeError):   # never a sample silently lost
+        row.add_sample("precision_agent_training_samples_total", {"job": "a", "rank": "0"}, 1)
 
 
 def test_kept_label_strings_are_bounded_by_the_latest_scrape_and_formats() -> None:

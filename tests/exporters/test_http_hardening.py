@@ -98,8 +98,9 @@ def test_half_open_connections_hold_no_threads_and_time_out(tmp_path: Path) -> N
             # open now, or accepted and already timed out: on a loaded host the first ones may
             # reach header_timeout before the last is accepted, so the 300 need not be open at once.
             # Counted by the agent itself (the open gauge includes this scrape's own connection):
-            # a baseline of fds taken during start-up may hold files the agent closes later
-            # and read from one scrape, so that none is counted both open and timed out
+            # a baseline of fds taken during start-up may hold files the agent closes later.
+            # One scrape; a connection between its timeout count and its close may still count
+            # twice, which only ends this wait a moment early: what follows checks every one
             values = {}
             for line in agent.get("/metrics").splitlines():
                 if line.startswith(("precision_agent_http_connections_open ",
