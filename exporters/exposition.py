@@ -85,13 +85,13 @@ class Renderer:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # content type -> {(label names, values): label string, sample name: the name as written}
+        # content type -> {label names: {values: label string}, sample name: the name as written}
         self._formats: dict[str, dict] = {}
 
     def kept(self) -> int:
         """Label strings kept, over all formats."""
         with self._lock:
-            return sum(len(cache) for cache in self._formats.values())
+            return sum(len(v) for cache in self._formats.values() for v in cache.values() if isinstance(v, dict))
 
     def formats(self) -> int:
         """Formats (content types) whose label strings are kept."""
@@ -126,8 +126,10 @@ class Renderer:
         head = Metric(family.name, family.documentation, family.type)
         text = [_strip(encoder(_Families([head])), tail).decode("utf-8")]
         name, keys = family.sample_name, family.label_names
+        # label strings by label names, then by label values: a row's lookup hashes its values only
+        old_k, new_k = old.get(keys, {}), new.setdefault(keys, {})
         missing = list(dict.fromkeys(values for values, _ in family.rows
-                                     if (keys, values) not in new and (keys, values) not in old))
+                                     if values not in new_k and values not in old_k))
         if missing or name not in old and name not in new:
             # one rendering by prometheus_client of the sample name as the format escapes it, then
             # of every label set not seen before
@@ -143,14 +145,13 @@ class Renderer:
             for values, line in zip(missing, samples[1:]):
                 if not line.startswith(escaped):
                     raise RuntimeError(f"prometheus_client rendered {line!r} for a sample of {escaped!r}")
-                old[(keys, values)] = line[len(escaped):line.rindex(" ")]   # name{...} 0.0 -> {...}
+                new_k[values] = line[len(escaped):line.rindex(" ")]   # name{...} 0.0 -> {...}
         escaped = new.get(name) or old[name]
         new[name] = escaped
         for values, value in family.rows:
-            key = (keys, values)
-            labels = new.get(key)
+            labels = new_k.get(values)
             if labels is None:
-                labels = new[key] = old[key]
+                labels = new_k[values] = old_k[values]
             text.append(f"{escaped}{labels} {floatToGoString(value)}\n")
         return "".join(text).encode("utf-8")
 

@@ -176,11 +176,12 @@ class AgentCollector(Collector):
     def _training(self, series: list) -> Iterator[Metric]:
         # row families: their label strings are kept between scrapes (exporters/exposition.py)
         keys = label_keys(s[0] for s in series)
+        values = [label_values(s[0], keys) for s in series]   # each series' label values, once
         for metric, name, help_ in _GAUGES:
             g = RowFamily(P + name, help_, "gauge", keys)
-            for labels, last, *_ in series:
+            for vals, (_, last, *_) in zip(values, series):
                 if metric in last:
-                    g.add(label_values(labels, keys), last[metric])
+                    g.add(vals, last[metric])
             yield g
         g = RowFamily(P + "training_step", "Last training step seen.", "gauge", keys)
         u = RowFamily(P + "training_last_update_timestamp_seconds",
@@ -199,8 +200,8 @@ class AgentCollector(Collector):
         first_t = RowFamily(P + "training_first_nonfinite_timestamp_seconds",
                             "When that first NaN/Inf happened (the line's time stamp where it has one).",
                             "gauge", keys)
-        for labels, last, step, overflow, decreases, nonfinite, records, updated, nf_step, nf_time in series:
-            vals = label_values(labels, keys)
+        for vals, (_, last, step, overflow, decreases, nonfinite, records, updated, nf_step, nf_time) \
+                in zip(values, series):
             if nf_step is not None:
                 first.add(vals, nf_step)
             if nf_time is not None:
