@@ -191,6 +191,8 @@ def test_collapse_split_across_a_restart_fires_once_after_it(tmp_path):
         (alert,) = _firing(agent)
         evidence = alert["evidence"]["evidence"]
         assert evidence["decreases"] == 3 and evidence["since_step"] == 31 and alert["evidence"]["step"] == 51
+        # the API shows a page before the worker logs its transition (worker._process): wait for the line
+        wait_for(lambda: "alert ScaleDecreasing FIRING" in agent.stderr(), what="the FIRING log line")
         assert agent.stderr().count("alert ScaleDecreasing FIRING") == 1
     finally:
         agent.kill()
@@ -204,7 +206,7 @@ def test_firing_stateful_alert_resolves_after_a_restart(tmp_path):
         assert len(_firing(agent)) == 1  # restored, not re-paged
         write_megatron(tmp_path / "logs" / "train.log", 61, 70, scale="16384.0")  # the scale grows again
         wait_for(lambda: not _firing(agent), what="ScaleDecreasing resolved after the scale recovered")
-        assert "alert ScaleDecreasing resolved" in agent.stderr()
+        wait_for(lambda: "alert ScaleDecreasing resolved" in agent.stderr(), what="the resolved log line")
         assert "ScaleDecreasing FIRING" not in agent.stderr()  # never re-paged
     finally:
         agent.kill()
